@@ -1,0 +1,22 @@
+# Counter-based hashing shared by every Cython kernel.
+#
+# Randomness in this project must not depend on call order, thread timing or
+# chunking (DESIGN.md section 3): each draw is a pure function of
+# (seed, stream, counter). These inline functions are the C twin of
+# hybrid/counter_hash.py; a unit test checks that both agree bit for bit.
+from libc.stdint cimport uint64_t
+
+cdef inline uint64_t mix64(uint64_t x) noexcept nogil:
+    """splitmix64 finaliser: a bijection on 64-bit words with full avalanche."""
+    x = x + <uint64_t>0x9E3779B97F4A7C15ULL
+    x = (x ^ (x >> 30)) * <uint64_t>0xBF58476D1CE4E5B9ULL
+    x = (x ^ (x >> 27)) * <uint64_t>0x94D049BB133111EBULL
+    return x ^ (x >> 31)
+
+cdef inline uint64_t hash3(uint64_t seed, uint64_t stream, uint64_t counter) noexcept nogil:
+    """Hash of (seed, stream, counter); streams separate independent uses."""
+    return mix64(mix64(mix64(seed) ^ stream) ^ counter)
+
+cdef inline double uniform3(uint64_t seed, uint64_t stream, uint64_t counter) noexcept nogil:
+    """Uniform double in [0, 1) from the top 53 bits of hash3."""
+    return <double>(hash3(seed, stream, counter) >> 11) * (1.0 / 9007199254740992.0)

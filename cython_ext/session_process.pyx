@@ -1,0 +1,86 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The latent-context process behind the synthetic datasets.
+
+A sample's context stands for the user/session that produced it: several
+feature tables are functions of it (co-occurrence) and it recurs in bursts
+(temporal locality). ``n_active`` sessions run at once; each sample belongs to
+one of them (uniform, hashed), and after each sample its session ends with
+probability ``1 / mean_length`` and is replaced by a new context drawn from the
+context popularity CDF. The loop is sequential by nature (a session's state
+depends on every earlier sample), so it lives here rather than in NumPy.
+
+Draws are counter-based hashes of (seed, sample position), so the stream is
+the same however it is cut into chunks.
+"""
+import numpy as np
+cimport numpy as cnp
+from libc.stdint cimport int64_t, uint64_t
+from counter_hash cimport hash3, uniform3
+
+cnp.import_array()
+
+cdef enum:
+    STREAM_SLOT = 1
+    STREAM_END = 2
+    STREAM_NEW = 3
+    STREAM_INIT = 4
+
+
+cdef inline int64_t draw(const double[::1] cdf, double u) noexcept nogil:
+    """Index of the first CDF entry > u (binary search)."""
+    cdef int64_t lo = 0, hi = cdf.shape[0] - 1, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if cdf[mid] > u:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+cdef class SessionProcess:
+    """Stateful view of the context stream; ``take(n)`` continues where it stopped."""
+    cdef uint64_t seed
+    cdef double end_probability
+    cdef int64_t produced
+    cdef double[::1] cdf
+    cdef int64_t[::1] active
+
+    def __init__(self, *, uint64_t seed, int64_t n_active, double mean_length,
+                 context_cdf):
+        if n_active < 1:
+            raise ValueError(f"n_active must be >= 1, got {n_active}")
+        if mean_length < 1.0:
+            raise ValueError(f"mean_length must be >= 1, got {mean_length}")
+        cdf = np.ascontiguousarray(context_cdf, dtype=np.float64)
+        if cdf.ndim != 1 or cdf.shape[0] < 1:
+            raise ValueError(f"context_cdf must be a non-empty 1-d array, got shape {cdf.shape}")
+        self.seed = seed
+        self.end_probability = 1.0 / mean_length
+        self.produced = 0
+        self.cdf = cdf
+        self.active = np.empty(n_active, dtype=np.int64)
+        cdef int64_t s
+        for s in range(n_active):
+            self.active[s] = draw(self.cdf, uniform3(seed, STREAM_INIT, <uint64_t>s))
+
+    @property
+    def position(self):
+        """Number of samples produced so far."""
+        return self.produced
+
+    def take(self, int64_t n):
+        """Contexts of the next ``n`` samples (int64 array)."""
+        out_array = np.empty(n, dtype=np.int64)
+        cdef int64_t[::1] out = out_array
+        cdef int64_t i, slot, k = self.active.shape[0]
+        cdef uint64_t pos
+        with nogil:
+            for i in range(n):
+                pos = <uint64_t>(self.produced + i)
+                slot = <int64_t>(hash3(self.seed, STREAM_SLOT, pos) % <uint64_t>k)
+                out[i] = self.active[slot]
+                if uniform3(self.seed, STREAM_END, pos) < self.end_probability:
+                    self.active[slot] = draw(self.cdf, uniform3(self.seed, STREAM_NEW, pos))
+        self.produced += n
+        return out_array

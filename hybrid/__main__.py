@@ -1,0 +1,6 @@
+"""``python -m hybrid``: the same as the ``hybrid`` console script."""
+import sys
+
+from hybrid.cli import main
+
+sys.exit(main())

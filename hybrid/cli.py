@@ -1,0 +1,195 @@
+"""Command line: ``hybrid <command>`` (also ``python -m hybrid``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import yaml
+from tqdm import tqdm
+
+from hybrid.config import ConfigError, load_config
+from hybrid.data.formats import FORMAT_NAMES, FormatError
+from hybrid.data.store import StoreError
+
+EXIT_FAILURE, EXIT_NOT_IMPLEMENTED = 1, 2
+
+
+def _progress_bar(total=None, unit="rows", desc=None):
+    """A tqdm bar on stderr that hides itself when stderr is not a terminal."""
+    return tqdm(total=total, unit=unit, unit_scale=True, desc=desc, disable=None, file=sys.stderr)
+
+
+def cmd_synth(args) -> int:
+    from hybrid.data.synthetic import synthesize
+
+    if args.config:
+        config = load_config(args.config, args.overrides)
+        if config.data.synthetic is None:
+            raise ConfigError(f"{args.config}: data.synthetic is not set; this workload reads real data "
+                              f"(create it with 'hybrid preprocess')")
+        spec, out = config.data.synthetic, Path(config.data.path)
+        like, rows, scale, seed = spec.like, spec.rows, spec.scale, spec.seed
+        if (out / "meta.json").is_file() and not args.force:
+            print(f"{out}: store exists, keeping it (--force rebuilds)", file=sys.stderr)
+            return 0
+    else:
+        missing = [flag for flag, value in (("--like", args.like), ("--out", args.out)) if value is None]
+        if missing:
+            raise ConfigError(f"give {' and '.join(missing)} (or --config CONFIG)")
+        like, rows, scale, seed, out = args.like, args.rows, args.scale, args.seed, Path(args.out)
+    with _progress_bar(rows, desc="synth") as bar:
+        meta = synthesize(out, like=like, rows=rows, scale=scale, seed=seed, force=args.force,
+                          progress=bar.update)
+    print(f"wrote {out}: {meta['n_samples']} samples, {len(meta['cardinalities'])} tables, "
+          f"{sum(meta['cardinalities'])} rows, fingerprint {meta['fingerprint']}")
+    return 0
+
+
+def cmd_preprocess(args) -> int:
+    from hybrid.data.preprocess import preprocess
+
+    bars = {}
+
+    def progress(stage: str, rows: int) -> None:
+        if stage not in bars:
+            bars[stage] = _progress_bar(desc=stage)
+        bars[stage].update(rows)
+
+    try:
+        meta = preprocess(args.inputs, args.out, format_name=args.format, min_count=args.min_count,
+                          rating_threshold=args.rating_threshold, keep_file_order=args.keep_file_order,
+                          force=args.force, progress=progress)
+    finally:
+        for bar in bars.values():
+            bar.close()
+    print(f"wrote {args.out}: {meta['n_samples']} samples, tables {dict(zip(meta['table_names'], meta['cardinalities']))}, "
+          f"fingerprint {meta['fingerprint']}")
+    return 0
+
+
+def cmd_stats(args) -> int:
+    from hybrid.data.access_stats import (cooccurrence_ratio, locality_ratio, overall_top_share,
+                                         shuffle_order, store_stats)
+    from hybrid.data.store import BatchStore
+
+    store = BatchStore(args.store)
+    sparse = store.sparse()[: args.max_samples] if args.max_samples else store.sparse()
+    sparse = sparse.astype("int64")
+    tables = store_stats(sparse, store.table_names, store.cardinalities, args.global_batch)
+    result = {
+        "store": str(args.store),
+        "samples": int(len(sparse)),
+        "global_batch": args.global_batch,
+        "overall_top1_share": overall_top_share(sparse, store.cardinalities, 0.01),
+        "overall_top10_share": overall_top_share(sparse, store.cardinalities, 0.10),
+        "tables": [t.to_dict() for t in tables],
+        "locality_ratio": {name: locality_ratio(sparse[:, t]) for t, name in enumerate(store.table_names)},
+    }
+    pairs = [(a, b) for a in range(store.n_tables) for b in range(a + 1, store.n_tables)]
+    permutation = shuffle_order(len(sparse))
+    ratios = {f"{store.table_names[a]}~{store.table_names[b]}":
+              cooccurrence_ratio(sparse[:, a], sparse[:, b], permutation=permutation)
+              for a, b in pairs[: args.max_pairs]}
+    result["cooccurrence_ratio"] = ratios
+    if args.json:
+        print(json.dumps(_finite(result)))
+        return 0
+    print(f"{result['samples']} samples; all tables: top 1% of rows take {result['overall_top1_share']:.1%}, "
+          f"top 10% take {result['overall_top10_share']:.1%} of accesses")
+    header = f"{'table':<20}{'rows':>9}{'accessed':>9}{'top1%':>7}{'top10%':>7}{'once':>7}{'2-9':>7}" \
+             f"{'10-99':>7}{'100+':>7}{'reuse50':>8}{'reuse90':>8}{'<=batch':>8}{'local':>7}"
+    print(header)
+    for t in tables:
+        r = t.recurrence
+        hundred_plus = r["100-999"] + r["1000+"]
+        local = result["locality_ratio"][t.name]
+        local = "-" if math.isnan(local) else f"{local:.1f}"
+        print(f"{t.name:<20}{t.cardinality:>9}{t.accessed_rows:>9}{t.top1_share:>7.0%}{t.top10_share:>7.0%}"
+              f"{r['1']:>7.0%}{r['2-9']:>7.0%}{r['10-99']:>7.0%}{hundred_plus:>7.0%}{t.reuse_median:>8.0f}"
+              f"{t.reuse_p90:>8.0f}{t.reuse_within_batch:>8.0%}{local:>7}")
+    strongest = sorted(ratios.items(), key=lambda kv: -kv[1])[:5]
+    print("strongest co-occurrence (distinct pairs if independent / observed): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in strongest))
+    return 0
+
+
+def _finite(value):
+    """NaN/inf become null: strict JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def cmd_config(args) -> int:
+    config = load_config(args.config, args.overrides)
+    print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
+    print(f"# digest {config.digest()}")
+    return 0
+
+
+def cmd_not_implemented(args) -> int:
+    print(f"hybrid {args.command}: not implemented yet (see the open issues)", file=sys.stderr)
+    return EXIT_NOT_IMPLEMENTED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hybrid", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("synth", help="write a synthetic store shaped like a public dataset")
+    p.add_argument("--like", choices=["criteo-kaggle", "avazu", "movielens-25m", "criteo-search"])
+    p.add_argument("--rows", type=int, default=200_000, help="samples to generate (default 200000)")
+    p.add_argument("--scale", type=float, default=0.001, help="table cardinality scale (default 0.001)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="store directory to create")
+    p.add_argument("--config", help="take like/rows/scale/seed and the path from a workload config")
+    p.add_argument("--force", action="store_true", help="replace an existing store")
+    p.add_argument("overrides", nargs="*", help="config overrides key=value (with --config)")
+    p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("preprocess", help="convert public dataset files into a store")
+    p.add_argument("--format", required=True, choices=FORMAT_NAMES)
+    p.add_argument("--out", required=True, help="store directory to create")
+    p.add_argument("--min-count", type=int, default=1,
+                   help="values seen fewer times map to the table's 'rare' id (default 1: keep all)")
+    p.add_argument("--rating-threshold", type=float, default=4.0, help="MovieLens: label = rating >= this")
+    p.add_argument("--keep-file-order", action="store_true", help="MovieLens: do not sort by timestamp")
+    p.add_argument("--force", action="store_true", help="replace an existing store")
+    p.add_argument("inputs", nargs="+", help="input files, in time order (e.g. day_0 ... day_23)")
+    p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser("stats", help="access statistics of a store (skew, recurrence, locality)")
+    p.add_argument("store")
+    p.add_argument("--global-batch", type=int, default=1024, help="samples per global batch (default 8 x 128)")
+    p.add_argument("--max-samples", type=int, default=0, help="only the first N samples (0 = all)")
+    p.add_argument("--max-pairs", type=int, default=400, help="table pairs to test for co-occurrence")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("config", help="print a resolved workload config")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(func=cmd_config)
+
+    for name, text in (("simulate", "count transmissions per mode without MPI"),
+                       ("train", "multi-rank training"), ("bench", "benchmarks")):
+        p = sub.add_parser(name, help=f"{text} (not implemented yet)")
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=cmd_not_implemented)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, FormatError, StoreError, ValueError) as err:
+        print(f"hybrid {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_FAILURE

@@ -1,0 +1,234 @@
+"""Typed run configuration: dataclasses loaded from YAML plus ``key=value`` overrides.
+
+A config is built once (``load_config``) and passed down; no module reads
+arguments or the environment on its own. OmegaConf does the merging and type
+checking; ``validate`` adds the range and cross-field checks. Every error
+names the offending key and what would be accepted.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown, of the wrong type or out of range."""
+
+
+class Mode(str, enum.Enum):
+    """Scheduling/synchronization mode (DESIGN.md section 7)."""
+
+    vanilla = "vanilla"
+    laia = "laia"
+    plan = "plan"
+    herald = "herald"
+    het = "het"
+    fae = "fae"
+
+
+class ModelName(str, enum.Enum):
+    wide_deep = "wide_deep"
+    ncf = "ncf"
+    deepfm = "deepfm"
+    dcn = "dcn"
+    dlrm = "dlrm"
+
+
+class Precision(str, enum.Enum):
+    float32 = "float32"
+    float64 = "float64"
+
+
+class CachePolicy(str, enum.Enum):
+    lru = "lru"
+    lfu = "lfu"
+
+
+class LaiaVariant(str, enum.Enum):
+    """``exact`` is the paper's Algorithm 1; ``chunked`` its lock-free parallel form."""
+
+    exact = "exact"
+    chunked = "chunked"
+    adaptive = "adaptive"
+
+
+class SyncMode(str, enum.Enum):
+    ps = "ps"
+    p2p = "p2p"
+
+
+class DenseOptimizer(str, enum.Enum):
+    sgd = "sgd"
+    adagrad = "adagrad"
+    adam = "adam"
+
+
+@dataclass
+class SyntheticConfig:
+    """How ``hybrid synth --config`` makes the store at ``data.path``."""
+
+    like: str = "criteo-kaggle"
+    rows: int = 200_000
+    scale: float = 0.001
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    path: str = "data/store"
+    synthetic: Optional[SyntheticConfig] = None
+    test_fraction: float = 0.1
+    shuffle: bool = False
+    shuffle_seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    name: ModelName = ModelName.dlrm
+    embedding_dim: int = 16
+    bottom_mlp: List[int] = field(default_factory=lambda: [64, 16])
+    top_mlp: List[int] = field(default_factory=lambda: [64, 32])
+    precision: Precision = Precision.float32
+
+
+@dataclass
+class ClusterConfig:
+    """Rank roles: ``ps`` ranks hold the tables, the rest are workers."""
+
+    workers: int = 8
+    ps: int = 1
+
+
+@dataclass
+class TrainConfig:
+    batch_per_worker: int = 128
+    iterations: int = 0
+    embedding_lr: float = 0.01
+    dense_lr: float = 0.01
+    dense_optimizer: DenseOptimizer = DenseOptimizer.sgd
+    eval_every: int = 0
+
+
+@dataclass
+class CacheConfig:
+    ratio: float = 0.1
+    policy: CachePolicy = CachePolicy.lru
+
+
+@dataclass
+class SchedulerConfig:
+    mode: Mode = Mode.herald
+    laia: LaiaVariant = LaiaVariant.exact
+    sync: SyncMode = SyncMode.ps
+    chunks: int = 8
+    threads: int = 1
+    staleness: int = 0
+    warmup_iterations: int = 10
+
+
+@dataclass
+class Config:
+    name: str = "unnamed"
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    @property
+    def global_batch(self) -> int:
+        return self.cluster.workers * self.train.batch_per_worker
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able dict (enums as their values)."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=_enum_value))
+
+    def digest(self) -> str:
+        """Stable hash of the resolved config; ranks compare it at start-up."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _enum_value(value):
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"not JSON serializable: {value!r}")
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Config from an optional YAML file and ``key=value`` overrides, validated."""
+    merged = OmegaConf.structured(Config)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        with _errors_named(f"{path}: "):
+            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. cluster.workers=4)")
+    if overrides:
+        with _errors_named("override "):
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+    with _errors_named(""):
+        config = OmegaConf.to_object(merged)
+    validate(config)
+    return config
+
+
+@contextlib.contextmanager
+def _errors_named(source: str):
+    """Turn OmegaConf's multi-line errors into one line naming source and key."""
+    try:
+        yield
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "?"
+        raise ConfigError(f"{source}{key}: {str(err).splitlines()[0]}") from None
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+def validate(config: Config) -> None:
+    """Range and cross-field checks that types alone cannot express."""
+    from hybrid.data.synthetic import PROFILES
+
+    c = config
+    _check(c.cluster.workers >= 1, "cluster.workers", f"must be >= 1, got {c.cluster.workers}")
+    _check(c.cluster.ps >= 1, "cluster.ps", f"must be >= 1, got {c.cluster.ps}")
+    _check(c.train.batch_per_worker >= 1, "train.batch_per_worker", f"must be >= 1, got {c.train.batch_per_worker}")
+    _check(c.train.iterations >= 0, "train.iterations", f"must be >= 0 (0 = one pass), got {c.train.iterations}")
+    _check(c.train.embedding_lr > 0, "train.embedding_lr", f"must be > 0, got {c.train.embedding_lr}")
+    _check(c.train.dense_lr > 0, "train.dense_lr", f"must be > 0, got {c.train.dense_lr}")
+    _check(c.train.eval_every >= 0, "train.eval_every", f"must be >= 0 (0 = only at the end), got {c.train.eval_every}")
+    _check(c.model.embedding_dim >= 1, "model.embedding_dim", f"must be >= 1, got {c.model.embedding_dim}")
+    for key in ("bottom_mlp", "top_mlp"):
+        widths = getattr(c.model, key)
+        _check(all(w >= 1 for w in widths), f"model.{key}", f"layer widths must be >= 1, got {widths}")
+    _check(0.0 < c.cache.ratio <= 1.0, "cache.ratio", f"must be in (0, 1], got {c.cache.ratio}")
+    _check(0.0 <= c.data.test_fraction < 1.0, "data.test_fraction", f"must be in [0, 1), got {c.data.test_fraction}")
+    _check(c.scheduler.chunks >= 1, "scheduler.chunks", f"must be >= 1, got {c.scheduler.chunks}")
+    _check(c.scheduler.threads >= 1, "scheduler.threads", f"must be >= 1, got {c.scheduler.threads}")
+    _check(c.scheduler.staleness >= 0, "scheduler.staleness", f"must be >= 0, got {c.scheduler.staleness}")
+    _check(c.scheduler.warmup_iterations >= 0, "scheduler.warmup_iterations",
+           f"must be >= 0, got {c.scheduler.warmup_iterations}")
+    _check(bool(c.data.path), "data.path", "must name the store directory")
+    synthetic = c.data.synthetic
+    if synthetic is not None:
+        _check(synthetic.like in PROFILES, "data.synthetic.like",
+               f"unknown profile {synthetic.like!r}; expected one of {sorted(PROFILES)}")
+        _check(synthetic.rows >= 1, "data.synthetic.rows", f"must be >= 1, got {synthetic.rows}")
+        _check(synthetic.scale > 0, "data.synthetic.scale", f"must be > 0, got {synthetic.scale}")

@@ -1,0 +1,51 @@
+"""Build of the hybrid package and its Cython kernels (``cython_ext/``).
+
+Kernels are compiled with -O3 and OpenMP so that ``prange`` loops run without
+the GIL. ``pip install --no-build-isolation -e .`` (launch/setup.sh does it).
+"""
+from pathlib import Path
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, find_packages, setup
+
+HERE = Path(__file__).parent
+KERNELS = sorted(p.stem for p in (HERE / "cython_ext").glob("*.pyx"))
+
+extensions = [
+    Extension(
+        f"hybrid._ext.{name}",
+        [f"cython_ext/{name}.pyx"],
+        include_dirs=[np.get_include(), "cython_ext"],
+        extra_compile_args=["-O3", "-fopenmp"],
+        extra_link_args=["-fopenmp"],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    )
+    for name in KERNELS
+]
+
+setup(
+    name="hybrid",
+    version="0.1.0",
+    description="Hybrid-parallel recommendation-model training with the Herald embedding scheduler",
+    long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
+    python_requires=">=3.10",
+    packages=find_packages(include=["hybrid", "hybrid.*"]),
+    ext_modules=cythonize(
+        extensions,
+        include_path=["cython_ext"],
+        compiler_directives={"language_level": 3},
+    ),
+    package_data={"hybrid": ["py.typed"]},
+    install_requires=[
+        "numpy>=1.26",
+        "mpi4py>=3.1",
+        "pyyaml>=6.0",
+        "omegaconf>=2.3",
+        "tqdm>=4.66",
+        "scikit-learn>=1.3",
+        "pyarrow>=14",
+        "pandas>=2.0",
+    ],
+    entry_points={"console_scripts": ["hybrid=hybrid.cli:main"]},
+)

@@ -1,0 +1,61 @@
+"""The command line: synth from flags or a config, honest 'not implemented', errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hybrid.cli import main
+from hybrid.data.store import BatchStore
+
+
+def test_synth_from_flags(tmp_path, capsys):
+    assert main(["synth", "--like", "criteo-kaggle", "--rows", "2000", "--scale", "0.001",
+                 "--out", str(tmp_path / "s")]) == 0
+    assert BatchStore(tmp_path / "s").n_samples == 2000
+    assert "fingerprint" in capsys.readouterr().out
+
+
+def test_synth_from_config_keeps_an_existing_store(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data:\n  path: {tmp_path / 'store'}\n  synthetic: {{like: avazu, rows: 1500}}\n")
+    assert main(["synth", "--config", str(config)]) == 0
+    fingerprint = BatchStore(tmp_path / "store").fingerprint
+    assert main(["synth", "--config", str(config), "data.synthetic.seed=5"]) == 0
+    assert "keeping it" in capsys.readouterr().err
+    assert BatchStore(tmp_path / "store").fingerprint == fingerprint
+    assert main(["synth", "--config", str(config), "data.synthetic.seed=5", "--force"]) == 0
+    assert BatchStore(tmp_path / "store").fingerprint != fingerprint
+
+
+def test_synth_without_output_is_an_error(capsys):
+    assert main(["synth", "--like", "avazu"]) == 1
+    assert "--out" in capsys.readouterr().err
+
+
+def test_synth_with_a_real_data_config_says_so(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("data: {path: data/criteo-kaggle}\n")
+    assert main(["synth", "--config", str(config)]) == 1
+    assert "hybrid preprocess" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["simulate", "train", "bench"])
+def test_unfinished_commands_do_not_pretend(command, capsys):
+    assert main([command]) != 0
+    assert "not implemented yet" in capsys.readouterr().err
+
+
+def test_stats_json(tmp_path, capsys):
+    main(["synth", "--like", "movielens-25m", "--rows", "3000", "--scale", "0.01", "--out", str(tmp_path / "s")])
+    capsys.readouterr()
+    assert main(["stats", str(tmp_path / "s"), "--json"]) == 0
+
+    result = json.loads(capsys.readouterr().out)
+    assert result["samples"] == 3000 and [t["name"] for t in result["tables"]] == ["user", "item"]
+
+
+def test_python_dash_m_entry_point():
+    out = subprocess.run([sys.executable, "-m", "hybrid", "--help"], capture_output=True, text=True, check=True)
+    for command in ("synth", "preprocess", "simulate", "train", "bench", "stats"):
+        assert command in out.stdout
