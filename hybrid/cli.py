@@ -134,6 +134,39 @@ def cmd_config(args) -> int:
     return 0
 
 
+def cmd_simulate(args) -> int:
+    from hybrid.config import Mode
+    from hybrid.simulator import reduction, simulate
+
+    overrides = list(args.overrides)
+    if args.workers is not None:
+        overrides.append(f"cluster.workers={args.workers}")
+    if args.cache_ratio is not None:
+        overrides.append(f"cache.ratio={args.cache_ratio}")
+    config = load_config(args.config, overrides)
+    try:
+        modes = [Mode(m) for m in args.modes.split(",")]
+    except ValueError:
+        raise ConfigError(f"--modes {args.modes!r}: expected a comma-separated subset of "
+                          f"{', '.join(m.value for m in Mode)}") from None
+    with _progress_bar(unit="batches", desc="simulate") as bar:
+        results = simulate(config, modes, iterations=args.iterations, progress=bar.update)
+    baseline = results.get(Mode.vanilla)
+    print(f"{config.name}: {config.cluster.workers} workers, batch {config.train.batch_per_worker}/worker, "
+          f"cache {config.cache.ratio:.0%} of rows, {next(iter(results.values())).iterations} counted iterations "
+          f"(after {config.scheduler.warmup_iterations} warm-up)")
+    print(f"{'mode':<9}{'pulls':>11}{'pushes':>11}{'p2p':>8}{'total':>11}{'-pull':>8}{'-push':>8}{'-total':>8}"
+          f"{'hit':>7}{'sched ms':>10}")
+    for mode, counts in results.items():
+        cut = reduction(counts, baseline) if baseline else None
+        cuts = "".join(f"{cut[k]:>8.1%}" for k in ("pulls", "pushes", "transmissions")) if cut else " " * 24
+        print(f"{mode.value:<9}{counts.pulls:>11}{counts.pushes:>11}{counts.p2p:>8}{counts.transmissions:>11}"
+              f"{cuts}{counts.hit_rate:>7.1%}{counts.sched_ms:>10.3f}")
+    if args.json:
+        print(json.dumps({mode.value: counts.summary() for mode, counts in results.items()}))
+    return 0
+
+
 def cmd_not_implemented(args) -> int:
     print(f"hybrid {args.command}: not implemented yet (see the open issues)", file=sys.stderr)
     return EXIT_NOT_IMPLEMENTED
@@ -178,8 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*")
     p.set_defaults(func=cmd_config)
 
-    for name, text in (("simulate", "count transmissions per mode without MPI"),
-                       ("train", "multi-rank training"), ("bench", "benchmarks")):
+    p = sub.add_parser("simulate", help="count embedding transmissions per mode, without MPI")
+    p.add_argument("--config", required=True)
+    p.add_argument("--modes", default="vanilla,laia,plan,herald", help="comma-separated (default: %(default)s)")
+    p.add_argument("--workers", type=int, help="override cluster.workers")
+    p.add_argument("--iterations", type=int, default=0, help="global batches to run (0 = the whole train split)")
+    p.add_argument("--cache-ratio", type=float, help="override cache.ratio")
+    p.add_argument("--json", action="store_true", help="print one JSON object per mode as the last line")
+    p.add_argument("overrides", nargs="*", help="config overrides key=value")
+    p.set_defaults(func=cmd_simulate)
+
+    for name, text in (("train", "multi-rank training"), ("bench", "benchmarks")):
         p = sub.add_parser(name, help=f"{text} (not implemented yet)")
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=cmd_not_implemented)
@@ -190,6 +232,6 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, FormatError, StoreError, ValueError) as err:
+    except (ConfigError, FormatError, StoreError, ValueError, RuntimeError) as err:
         print(f"hybrid {args.command}: error: {err}", file=sys.stderr)
         return EXIT_FAILURE

@@ -1,0 +1,532 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The cluster state: one source of truth for the scheduler, the caches and the simulator.
+
+DESIGN.md section 3. For every embedding row ``e`` the state keeps ``L(e)``,
+the set of holders of its latest value (bit 0 = PS, bit ``w + 1`` = worker
+``w``), and for every worker a cache of ``capacity`` slots with LRU
+replacement and a row -> slot map. It depends only on allocations, never on
+gradient values, so every rank steps its own copy forward identically.
+
+One iteration ``t`` is three calls:
+
+1. ``set_needs(rows_t, alloc_t)`` (done by the previous ``plan`` or by the
+   first call): which worker needs which row;
+2. ``train()``: pull (with dirty write-backs on eviction) and update (local
+   SGD for rows trained by one worker, Accumulate for shared rows; in
+   full-set mode every trained row is pushed);
+3. ``plan(rows_t1, alloc_t1)``: sets the needs of ``t + 1`` and, in
+   on-demand mode, pushes the dirty rows another worker needs in ``t + 1``
+   (Herald's Algorithm 2).
+
+Memory: per row 8 bytes of holder bits per 64 holders plus 8 bytes of
+scratch (stamp, index): 16 bytes per row up to 63 workers; per cache slot
+4 (row) + 8 (LRU links) + 8 (row -> slot table at load <= 1/2) = 20 bytes.
+"""
+import hashlib
+
+import numpy as np
+from libc.stdint cimport int32_t, int64_t, uint64_t
+
+cdef extern from *:
+    int popcount64 "__builtin_popcountll"(unsigned long long) nogil
+    int ctz64 "__builtin_ctzll"(unsigned long long) nogil
+
+# Event kinds recorded by train() and plan(); the runtime executes them, the
+# simulator counts them (DESIGN.md section 6).
+PULL, WRITEBACK, LOCAL, ACCUMULATE, FULL_SET_PUSH, PLAN_PUSH = range(6)
+KIND_NAMES = ("pull", "writeback", "local", "accumulate", "full_set_push", "plan_push")
+cdef enum:
+    PS_BIT = 0          # holder bit of the parameter server; worker w is bit w + 1
+    EMPTY = -1
+
+cdef enum:
+    K_PULL = 0
+    K_WRITEBACK = 1
+    K_LOCAL = 2
+    K_ACCUMULATE = 3
+    K_FULL_SET_PUSH = 4
+    K_PLAN_PUSH = 5
+
+
+class StateError(RuntimeError):
+    """The state machine reached a state DESIGN.md section 3 rules out."""
+
+
+cdef inline uint64_t row_hash(int64_t row) noexcept nogil:
+    cdef uint64_t x = <uint64_t>row * <uint64_t>0x9E3779B97F4A7C15ULL
+    return x ^ (x >> 29)
+
+
+cdef class ClusterState:
+    """Holder sets of all rows and the caches of all workers; see the module docstring."""
+    cdef readonly int n_workers
+    cdef readonly int words                  # uint64 words per holder set (PS + workers)
+    cdef readonly int64_t n_rows
+    cdef readonly int64_t capacity           # cache slots per worker
+    cdef readonly bint full_set              # vanilla synchronization: push every trained row
+    cdef readonly int64_t max_pairs          # (row, worker) needs one iteration may hold
+
+    # L(e): holders of the latest value of each row, words per row
+    cdef uint64_t[::1] holders
+
+    # caches, flattened [worker * capacity + slot]
+    cdef int32_t[::1] slot_row               # row in the slot, EMPTY if free
+    cdef int32_t[::1] lru_prev
+    cdef int32_t[::1] lru_next
+    cdef int32_t[::1] lru_head               # most recently used slot per worker
+    cdef int32_t[::1] lru_tail               # least recently used slot per worker
+    cdef int32_t[::1] used                   # slots handed out per worker
+    # row -> slot per worker: open addressing over slot ids, [worker * table_size + i]
+    cdef int32_t[::1] table
+    cdef int64_t table_size
+
+    # needs of the current iteration: distinct rows, their worker sets, and
+    # (worker, row) pairs sorted by worker
+    cdef int32_t[::1] stamp                  # per row: epoch of the last needs it appeared in
+    cdef int32_t[::1] need_index             # per row: its index in need_rows (valid if stamped)
+    cdef int32_t epoch
+    cdef int64_t n_need
+    cdef int64_t[::1] need_rows
+    cdef uint64_t[::1] need_masks            # n_need * words, same bit layout as holders
+    cdef int64_t n_pairs
+    cdef int64_t[::1] pair_row
+    cdef int32_t[::1] pair_worker
+    cdef int32_t[::1] pair_slot
+    cdef int64_t[::1] worker_start           # pairs of worker w: [worker_start[w], worker_start[w+1])
+    cdef bint needs_ready
+
+    # event records of the last train()/plan() call
+    cdef int64_t[::1] ev_row
+    cdef int32_t[::1] ev_worker
+    cdef int32_t[::1] ev_slot
+    cdef int32_t[::1] ev_kind
+    cdef int64_t n_events
+
+
+    def __init__(self, *, int n_workers, int64_t n_rows, int64_t capacity, bint full_set,
+                 int64_t max_pairs):
+        if n_workers < 1:
+            raise ValueError(f"n_workers must be >= 1, got {n_workers}")
+        if n_rows < 1 or n_rows >= 2**31:
+            raise ValueError(f"n_rows must be in [1, 2**31), got {n_rows}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1 slot, got {capacity}")
+        if max_pairs < 1:
+            raise ValueError(f"max_pairs must be >= 1, got {max_pairs}")
+        self.n_workers = n_workers
+        self.words = (n_workers + 1 + 63) // 64
+        self.n_rows = n_rows
+        self.capacity = capacity
+        self.full_set = full_set
+        self.max_pairs = max_pairs
+
+        self.holders = np.zeros(n_rows * self.words, dtype=np.uint64)
+        cdef int64_t r
+        for r in range(n_rows):
+            self.holders[r * self.words] = 1  # L(e) = {PS}
+
+        self.slot_row = np.full(n_workers * capacity, EMPTY, dtype=np.int32)
+        self.lru_prev = np.full(n_workers * capacity, EMPTY, dtype=np.int32)
+        self.lru_next = np.full(n_workers * capacity, EMPTY, dtype=np.int32)
+        self.lru_head = np.full(n_workers, EMPTY, dtype=np.int32)
+        self.lru_tail = np.full(n_workers, EMPTY, dtype=np.int32)
+        self.used = np.zeros(n_workers, dtype=np.int32)
+        self.table_size = 1
+        while self.table_size < 2 * capacity:
+            self.table_size *= 2
+        self.table = np.full(n_workers * self.table_size, EMPTY, dtype=np.int32)
+
+        self.stamp = np.zeros(n_rows, dtype=np.int32)
+        self.need_index = np.zeros(n_rows, dtype=np.int32)
+        self.epoch = 0
+        self.need_rows = np.zeros(max_pairs, dtype=np.int64)
+        self.need_masks = np.zeros(max_pairs * self.words, dtype=np.uint64)
+        self.pair_row = np.zeros(max_pairs, dtype=np.int64)
+        self.pair_worker = np.zeros(max_pairs, dtype=np.int32)
+        self.pair_slot = np.zeros(max_pairs, dtype=np.int32)
+        self.worker_start = np.zeros(n_workers + 1, dtype=np.int64)
+        self.n_need = 0
+        self.n_pairs = 0
+        self.needs_ready = False
+
+        self.ev_row = np.zeros(3 * max_pairs, dtype=np.int64)
+        self.ev_worker = np.zeros(3 * max_pairs, dtype=np.int32)
+        self.ev_slot = np.zeros(3 * max_pairs, dtype=np.int32)
+        self.ev_kind = np.zeros(3 * max_pairs, dtype=np.int32)
+        self.n_events = 0
+
+    # ---------------------------------------------------------------- holders
+    cdef inline bint has_bit(self, int64_t row, int bit) noexcept nogil:
+        return (self.holders[row * self.words + (bit >> 6)] >> (bit & 63)) & 1
+
+    cdef inline void set_bit(self, int64_t row, int bit) noexcept nogil:
+        self.holders[row * self.words + (bit >> 6)] |= (<uint64_t>1) << (bit & 63)
+
+    cdef inline void clear_bit(self, int64_t row, int bit) noexcept nogil:
+        self.holders[row * self.words + (bit >> 6)] &= ~((<uint64_t>1) << (bit & 63))
+
+    cdef inline void set_only(self, int64_t row, int bit) noexcept nogil:
+        cdef int k
+        for k in range(self.words):
+            self.holders[row * self.words + k] = 0
+        self.set_bit(row, bit)
+
+    cdef bint fresh(self, int64_t row, int worker) noexcept nogil:
+        return self.has_bit(row, worker + 1)
+
+    cdef inline int dirty_owner(self, int64_t row) noexcept nogil:
+        """The worker holding the only latest copy of ``row`` (not the PS), else -1."""
+        cdef int k, count = 0, bit = -1
+        cdef uint64_t x
+        for k in range(self.words):
+            x = self.holders[row * self.words + k]
+            if x:
+                count += popcount64(x)
+                bit = 64 * k + ctz64(x)
+        if count != 1 or bit == PS_BIT:
+            return -1
+        return bit - 1
+
+    cdef inline int holder_count(self, const uint64_t* bits) noexcept nogil:
+        cdef int k, count = 0
+        for k in range(self.words):
+            count += popcount64(bits[k])
+        return count
+
+    # ------------------------------------------------------------ row -> slot
+    cdef inline int32_t find(self, int w, int64_t row) noexcept nogil:
+        cdef int64_t mask = self.table_size - 1
+        cdef int64_t base = w * self.table_size
+        cdef int64_t i = <int64_t>(row_hash(row) & <uint64_t>mask)
+        cdef int32_t s
+        while True:
+            s = self.table[base + i]
+            if s == EMPTY:
+                return EMPTY
+            if self.slot_row[w * self.capacity + s] == row:
+                return s
+            i = (i + 1) & mask
+
+    cdef inline void map_insert(self, int w, int64_t row, int32_t slot) noexcept nogil:
+        cdef int64_t mask = self.table_size - 1
+        cdef int64_t base = w * self.table_size
+        cdef int64_t i = <int64_t>(row_hash(row) & <uint64_t>mask)
+        while self.table[base + i] != EMPTY:
+            i = (i + 1) & mask
+        self.table[base + i] = slot
+
+    cdef void map_erase(self, int w, int64_t row) noexcept nogil:
+        """Linear-probing deletion with backward shift (no tombstones)."""
+        cdef int64_t mask = self.table_size - 1
+        cdef int64_t base = w * self.table_size
+        cdef int64_t i = <int64_t>(row_hash(row) & <uint64_t>mask)
+        cdef int64_t j, home
+        cdef int32_t s
+        while self.slot_row[w * self.capacity + self.table[base + i]] != row:
+            i = (i + 1) & mask
+        j = i
+        while True:
+            j = (j + 1) & mask
+            s = self.table[base + j]
+            if s == EMPTY:
+                break
+            home = <int64_t>(row_hash(self.slot_row[w * self.capacity + s]) & <uint64_t>mask)
+            # move s back to the hole at i unless its home lies cyclically in (i, j]
+            if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
+                self.table[base + i] = s
+                i = j
+        self.table[base + i] = EMPTY
+
+    # -------------------------------------------------------------------- LRU
+    cdef inline void lru_unlink(self, int w, int32_t s) noexcept nogil:
+        cdef int64_t b = w * self.capacity
+        cdef int32_t p = self.lru_prev[b + s], n = self.lru_next[b + s]
+        if p != EMPTY:
+            self.lru_next[b + p] = n
+        else:
+            self.lru_head[w] = n
+        if n != EMPTY:
+            self.lru_prev[b + n] = p
+        else:
+            self.lru_tail[w] = p
+
+    cdef inline void lru_push_front(self, int w, int32_t s) noexcept nogil:
+        cdef int64_t b = w * self.capacity
+        self.lru_prev[b + s] = EMPTY
+        self.lru_next[b + s] = self.lru_head[w]
+        if self.lru_head[w] != EMPTY:
+            self.lru_prev[b + self.lru_head[w]] = s
+        else:
+            self.lru_tail[w] = s
+        self.lru_head[w] = s
+
+    cdef inline void lru_touch(self, int w, int32_t s) noexcept nogil:
+        if self.lru_head[w] != s:
+            self.lru_unlink(w, s)
+            self.lru_push_front(w, s)
+
+    # ----------------------------------------------------------------- events
+    cdef inline void record(self, int kind, int w, int64_t row, int32_t slot) noexcept nogil:
+        self.ev_kind[self.n_events] = kind
+        self.ev_worker[self.n_events] = w
+        self.ev_row[self.n_events] = row
+        self.ev_slot[self.n_events] = slot
+        self.n_events += 1
+
+    # ------------------------------------------------------------------ needs
+    def set_needs(self, const int64_t[:, ::1] rows, const int32_t[::1] alloc):
+        """Needs of the next iteration to train: sample ``i`` (rows ``rows[i]``) on ``alloc[i]``."""
+        if rows.shape[0] != alloc.shape[0]:
+            raise ValueError(f"rows has {rows.shape[0]} samples but alloc has {alloc.shape[0]}")
+        if rows.shape[0] * rows.shape[1] > self.max_pairs:
+            raise ValueError(f"batch of {rows.shape[0]} x {rows.shape[1]} ids exceeds max_pairs={self.max_pairs}")
+        cdef int64_t i, t, e, k, p
+        cdef int w, bit
+        cdef uint64_t flag
+        for i in range(alloc.shape[0]):
+            if alloc[i] < 0 or alloc[i] >= self.n_workers:
+                raise ValueError(f"alloc[{i}] = {alloc[i]} is not a worker in [0, {self.n_workers})")
+        for i in range(rows.shape[0]):
+            for t in range(rows.shape[1]):
+                if rows[i, t] < 0 or rows[i, t] >= self.n_rows:
+                    raise ValueError(f"rows[{i}, {t}] = {rows[i, t]} is not a row in [0, {self.n_rows})")
+        cdef int64_t[::1] counts = np.zeros(self.n_workers + 1, dtype=np.int64)
+        cdef int64_t[::1] tmp_row = np.empty(rows.shape[0] * rows.shape[1], dtype=np.int64)
+        cdef int32_t[::1] tmp_worker = np.empty(rows.shape[0] * rows.shape[1], dtype=np.int32)
+        cdef int64_t n_tmp = 0
+        with nogil:
+            self.epoch += 1
+            self.n_need = 0
+            for i in range(rows.shape[0]):
+                w = alloc[i]
+                bit = w + 1
+                flag = (<uint64_t>1) << (bit & 63)
+                for t in range(rows.shape[1]):
+                    e = rows[i, t]
+                    if self.stamp[e] != self.epoch:
+                        self.stamp[e] = self.epoch
+                        self.need_index[e] = <int32_t>self.n_need
+                        self.need_rows[self.n_need] = e
+                        for k in range(self.words):
+                            self.need_masks[self.n_need * self.words + k] = 0
+                        self.n_need += 1
+                    k = self.need_index[e] * self.words + (bit >> 6)
+                    if not (self.need_masks[k] & flag):
+                        self.need_masks[k] |= flag
+                        tmp_row[n_tmp] = e
+                        tmp_worker[n_tmp] = w
+                        n_tmp += 1
+                        counts[w + 1] += 1
+            # counting sort of (worker, row) pairs by worker, first-appearance order within
+            for w in range(self.n_workers):
+                counts[w + 1] += counts[w]
+            for w in range(self.n_workers + 1):
+                self.worker_start[w] = counts[w]
+            for p in range(n_tmp):
+                w = tmp_worker[p]
+                k = counts[w]
+                counts[w] += 1
+                self.pair_row[k] = tmp_row[p]
+                self.pair_worker[k] = w
+                self.pair_slot[k] = EMPTY
+            self.n_pairs = n_tmp
+        self.needs_ready = True
+
+    # ------------------------------------------------------------------ train
+    def train(self):
+        """Pull and update for the current needs (steps 2 and 4). Returns event counts."""
+        if not self.needs_ready:
+            raise StateError("train() needs set_needs() (or the previous plan()) first")
+        cdef int64_t bad_row = -1
+        cdef int w
+        with nogil:
+            self.n_events = 0
+            for w in range(self.n_workers):
+                bad_row = self.pull_worker(w)
+                if bad_row >= 0:
+                    break
+            if bad_row < 0:
+                self.update()
+        if bad_row >= 0:
+            raise StateError(f"row {bad_row}: needed by worker {w} but neither fresh there nor held by the PS"
+                             if bad_row < self.n_rows else
+                             f"worker {w}: cache of {self.capacity} slots cannot hold this iteration's "
+                             f"working set; raise the cache size")
+        self.needs_ready = False
+        return self.counts()
+
+    cdef int64_t pull_worker(self, int w) noexcept nogil:
+        """Step 2 for worker ``w``; returns -1, or the offending row (n_rows + x: cache too small)."""
+        cdef int64_t p, e, victim, cbase = w * self.capacity
+        cdef int64_t first = self.worker_start[w], last = self.worker_start[w + 1]
+        cdef int32_t s
+        cdef int owner
+        if last - first > self.capacity:
+            return self.n_rows
+        # Pin: touch every cached row needed now, so the LRU tail holds only unneeded rows.
+        for p in range(first, last):
+            s = self.find(w, self.pair_row[p])
+            self.pair_slot[p] = s
+            if s != EMPTY:
+                self.lru_touch(w, s)
+        for p in range(first, last):
+            e = self.pair_row[p]
+            if self.fresh(e, w):
+                continue
+            if not self.has_bit(e, PS_BIT):
+                return e
+            s = self.pair_slot[p]
+            if s == EMPTY:
+                if self.used[w] < self.capacity:
+                    s = self.used[w]
+                    self.used[w] += 1
+                else:
+                    s = self.lru_tail[w]
+                    victim = self.slot_row[cbase + s]
+                    if self.stamp[victim] == self.epoch and self.needed_by(victim, w):
+                        return self.n_rows
+                    owner = self.dirty_owner(victim)
+                    if owner == w:
+                        self.record(K_WRITEBACK, w, victim, s)
+                        self.set_only(victim, PS_BIT)
+                    else:
+                        self.clear_bit(victim, w + 1)
+                    self.map_erase(w, victim)
+                    self.lru_unlink(w, s)
+                self.slot_row[cbase + s] = <int32_t>e
+                self.map_insert(w, e, s)
+                self.lru_push_front(w, s)
+                self.pair_slot[p] = s
+            self.record(K_PULL, w, e, s)
+            self.set_bit(e, w + 1)
+        return -1
+
+    cdef inline bint needed_by(self, int64_t row, int w) noexcept nogil:
+        cdef int bit = w + 1
+        return (self.need_masks[self.need_index[row] * self.words + (bit >> 6)] >> (bit & 63)) & 1
+
+    cdef void update(self) noexcept nogil:
+        """Step 4: who holds the latest value of each trained row after the update."""
+        cdef int64_t p, e
+        cdef int w, trainers
+        for p in range(self.n_pairs):
+            e = self.pair_row[p]
+            w = self.pair_worker[p]
+            trainers = self.holder_count(&self.need_masks[self.need_index[e] * self.words])
+            if trainers >= 2:
+                self.record(K_ACCUMULATE, w, e, self.pair_slot[p])
+                self.set_only(e, PS_BIT)
+            elif self.full_set:
+                self.record(K_FULL_SET_PUSH, w, e, self.pair_slot[p])
+                self.set_only(e, PS_BIT)
+                self.set_bit(e, w + 1)
+            else:
+                self.record(K_LOCAL, w, e, self.pair_slot[p])
+                self.set_only(e, w + 1)
+
+    # ------------------------------------------------------------------- plan
+    def plan(self, rows_next=None, alloc_next=None):
+        """Set the needs of ``t + 1`` and push what they require (step 5). Returns event counts.
+
+        Without a next batch (the last iteration) nothing is planned. In
+        full-set mode no row is ever dirty, so the plan is always empty.
+        """
+        self.n_events = 0
+        if rows_next is None:
+            self.needs_ready = False
+            return self.counts()
+        self.set_needs(rows_next, alloc_next)
+        cdef int64_t p, e
+        cdef int owner
+        with nogil:
+            for p in range(self.n_pairs):
+                e = self.pair_row[p]
+                owner = self.dirty_owner(e)
+                if owner >= 0 and owner != self.pair_worker[p]:
+                    self.record(K_PLAN_PUSH, owner, e, self.find(owner, e))
+                    self.set_bit(e, PS_BIT)
+        return self.counts()
+
+    # ------------------------------------------------------------ copying
+    def copy(self):
+        """An independent state with the same contents (for what-if evaluation)."""
+        clone = ClusterState(n_workers=self.n_workers, n_rows=self.n_rows, capacity=self.capacity,
+                             full_set=self.full_set, max_pairs=self.max_pairs)
+        clone.holders[:] = self.holders
+        clone.slot_row[:] = self.slot_row
+        clone.lru_prev[:] = self.lru_prev
+        clone.lru_next[:] = self.lru_next
+        clone.lru_head[:] = self.lru_head
+        clone.lru_tail[:] = self.lru_tail
+        clone.used[:] = self.used
+        clone.table[:] = self.table
+        clone.stamp[:] = self.stamp
+        clone.need_index[:] = self.need_index
+        clone.epoch = self.epoch
+        clone.need_rows[:] = self.need_rows
+        clone.need_masks[:] = self.need_masks
+        clone.n_need = self.n_need
+        clone.pair_row[:] = self.pair_row
+        clone.pair_worker[:] = self.pair_worker
+        clone.pair_slot[:] = self.pair_slot
+        clone.worker_start[:] = self.worker_start
+        clone.n_pairs = self.n_pairs
+        clone.needs_ready = self.needs_ready
+        return clone
+
+    # ------------------------------------------------------------ inspection
+    def holder_words(self):
+        """The raw holder bitsets, a live view [n_rows * words] (bit w + 1 = worker w): LAIA scores from it."""
+        return np.asarray(self.holders)
+
+    def counts(self):
+        """Events of the last train()/plan() call by kind name."""
+        kinds = np.asarray(self.ev_kind[:self.n_events])
+        tally = np.bincount(kinds, minlength=len(KIND_NAMES))
+        return dict(zip(KIND_NAMES, (int(x) for x in tally)))
+
+    def events(self):
+        """Events of the last call as arrays: kind, worker, row, slot (in execution order)."""
+        n = self.n_events
+        return (np.asarray(self.ev_kind[:n]).copy(), np.asarray(self.ev_worker[:n]).copy(),
+                np.asarray(self.ev_row[:n]).copy(), np.asarray(self.ev_slot[:n]).copy())
+
+    def needs(self):
+        """Current (worker, row) pairs, sorted by worker."""
+        n = self.n_pairs
+        return np.asarray(self.pair_worker[:n]).copy(), np.asarray(self.pair_row[:n]).copy()
+
+    def holder_sets(self):
+        """``L(e)`` of every row as a bool array [n_rows, 1 + n_workers] (column 0 = PS)."""
+        words = np.asarray(self.holders).reshape(self.n_rows, self.words)
+        bits = np.unpackbits(words.view(np.uint8).reshape(self.n_rows, -1), axis=1, bitorder="little")
+        return bits[:, :1 + self.n_workers].astype(bool)
+
+    def cache_rows(self, int w):
+        """Rows in worker ``w``'s cache by slot (-1 = free slot)."""
+        return np.asarray(self.slot_row[w * self.capacity:(w + 1) * self.capacity]).copy()
+
+    def slot_of(self, int w, int64_t row):
+        """Slot of ``row`` in worker ``w``'s cache, or -1."""
+        return self.find(w, row)
+
+    def lru_order(self, int w):
+        """Slots of worker ``w`` from most to least recently used."""
+        order = []
+        cdef int32_t s = self.lru_head[w]
+        while s != EMPTY:
+            order.append(s)
+            s = self.lru_next[w * self.capacity + s]
+        return order
+
+    def fresh_rows(self, int w):
+        """Rows whose latest value worker ``w`` holds."""
+        return np.flatnonzero(self.holder_sets()[:, w + 1])
+
+    def digest(self):
+        """Hash of the whole state (holders, caches, LRU order), to compare across ranks."""
+        h = hashlib.sha256()
+        for array in (np.asarray(self.holders), np.asarray(self.slot_row), np.asarray(self.lru_prev),
+                      np.asarray(self.lru_next), np.asarray(self.lru_head), np.asarray(self.used)):
+            h.update(array.tobytes())
+        return h.hexdigest()[:16]

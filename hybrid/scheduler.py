@@ -1,0 +1,157 @@
+"""The embedding scheduler: allocation policy + cluster state, one batch ahead.
+
+For each iteration ``t`` it yields a :class:`BatchPlan`: the allocation of
+batch ``t``, what each worker pulls, writes back and how it updates (from the
+cluster state's ``train``), and the plan pushes that batch ``t + 1`` needs
+(from ``plan``, which is why batch ``t + 1`` is allocated before ``t`` is
+handed out). Every rank runs its own scheduler on the same batches and
+reaches the same plans (DESIGN.md section 3: nothing is sent).
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Optional
+
+import numpy as np
+
+from hybrid._ext.cluster_state import KIND_NAMES, ClusterState
+from hybrid.allocation import AllocationPolicy, LaiaAllocation, RandomAllocation
+from hybrid.config import Config, LaiaVariant, Mode
+
+# mode -> (LAIA allocation?, full-set synchronization?)  (DESIGN.md section 7)
+MODES = {
+    Mode.vanilla: (False, True),
+    Mode.laia: (True, True),
+    Mode.plan: (False, False),
+    Mode.herald: (True, False),
+}
+
+
+class SchedulerError(ValueError):
+    """The scheduler cannot run this configuration."""
+
+
+@dataclass
+class BatchPlan:
+    """Everything a worker needs to run iteration ``step``."""
+
+    step: int
+    allocation: np.ndarray  # int32 worker per sample
+    counts: dict  # events of train + plan by kind
+    timing: dict  # seconds: scoring, allocation, state_update, plan
+    events: Optional[tuple] = None  # (kind, worker, row, slot) arrays: train events then plan events
+    n_train_events: int = 0
+
+    @property
+    def needed(self) -> int:
+        """(worker, row) pairs trained this iteration."""
+        return self.counts["local"] + self.counts["accumulate"] + self.counts["full_set_push"]
+
+    def digest(self) -> str:
+        """Hash of allocation and events, to compare across ranks."""
+        h = hashlib.sha256(self.allocation.tobytes())
+        for array in self.events or ():
+            h.update(array.tobytes())
+        h.update(repr(sorted(self.counts.items())).encode())
+        return h.hexdigest()[:16]
+
+
+def cache_capacity(n_rows: int, ratio: float, batch_per_worker: int, n_tables: int) -> int:
+    """Cache slots per worker for ``ratio`` of all rows; refuses less than one working set."""
+    capacity = int(round(n_rows * ratio))
+    working_set = batch_per_worker * n_tables
+    if capacity < min(working_set, n_rows):
+        need = min(working_set, n_rows) / n_rows
+        raise SchedulerError(
+            f"cache.ratio={ratio} gives {capacity} slots per worker, but one iteration may need up to "
+            f"{min(working_set, n_rows)} rows (batch_per_worker {batch_per_worker} x {n_tables} tables); "
+            f"use cache.ratio >= {need:.4f}")
+    return min(capacity, n_rows)
+
+
+@dataclass
+class Scheduler:
+    """Runs a mode's allocation policy and the cluster state over global batches."""
+
+    mode: Mode
+    state: ClusterState
+    policy: AllocationPolicy
+    table_offsets: np.ndarray
+    record_events: bool = False
+    _timing: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: Config, *, cardinalities, mode: Mode | None = None,
+                    record_events: bool = False) -> "Scheduler":
+        mode = config.scheduler.mode if mode is None else mode
+        if mode not in MODES:
+            raise SchedulerError(f"scheduler.mode={mode.value} is not implemented yet; "
+                                 f"implemented: {', '.join(m.value for m in MODES)}")
+        cardinalities = np.asarray(cardinalities, dtype=np.int64)
+        n_rows, n_tables = int(cardinalities.sum()), len(cardinalities)
+        n_workers, per_worker = config.cluster.workers, config.train.batch_per_worker
+        capacity = cache_capacity(n_rows, config.cache.ratio, per_worker, n_tables)
+        if config.cache.policy.value != "lru":
+            raise SchedulerError(f"cache.policy={config.cache.policy.value} is not implemented yet; use lru")
+        uses_laia, full_set = MODES[mode]
+        state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=full_set,
+                             max_pairs=n_workers * per_worker * n_tables)
+        if not uses_laia:
+            policy = RandomAllocation(n_workers, config.seed)
+        else:
+            variant = config.scheduler.laia
+            if variant is LaiaVariant.adaptive:
+                raise SchedulerError("scheduler.laia=adaptive is not implemented yet; use exact or chunked")
+            chunks = config.scheduler.chunks if variant is LaiaVariant.chunked else None
+            policy = LaiaAllocation(state, config.seed, chunks=chunks, threads=config.scheduler.threads)
+        offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64)
+        return cls(mode=mode, state=state, policy=policy, table_offsets=offsets, record_events=record_events)
+
+    def global_rows(self, sparse: np.ndarray) -> np.ndarray:
+        """Per-table ids [B, tables] -> global row ids (tables back to back)."""
+        return np.ascontiguousarray(sparse, dtype=np.int64) + self.table_offsets
+
+    def _allocate(self, sparse: np.ndarray, iteration: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.global_rows(sparse)
+        alloc = self.policy.allocate(rows, iteration)
+        self._timing["scoring"] = self.policy.timing["scoring"]
+        self._timing["allocation"] = self.policy.timing["allocation"]
+        return rows, alloc
+
+    def plans(self, batches: Iterable[np.ndarray]) -> Iterator[BatchPlan]:
+        """One plan per batch of per-table ids ([B, tables]), in order."""
+        iterator = iter(batches)
+        first = next(iterator, None)
+        if first is None:
+            return
+        rows, alloc = self._allocate(first, 0)
+        self.state.set_needs(rows, alloc)
+        step = 0
+        while True:
+            timing = dict(self._timing)
+            start = time.perf_counter()
+            counts = self.state.train()
+            train_events = self.state.events() if self.record_events else None
+            timing["state_update"] = time.perf_counter() - start
+            upcoming = next(iterator, None)
+            if upcoming is not None:
+                next_rows, next_alloc = self._allocate(upcoming, step + 1)
+            else:
+                next_rows = next_alloc = None
+            start = time.perf_counter()
+            planned = self.state.plan(next_rows, next_alloc)
+            timing["plan"] = time.perf_counter() - start
+            counts = {k: counts[k] + planned[k] for k in KIND_NAMES}
+            events, n_train = None, 0
+            if self.record_events:
+                plan_events = self.state.events()
+                events = tuple(np.concatenate([a, b]) for a, b in zip(train_events, plan_events))
+                n_train = len(train_events[0])
+            yield BatchPlan(step=step, allocation=alloc, counts=counts, timing=timing, events=events,
+                            n_train_events=n_train)
+            if upcoming is None:
+                return
+            alloc = next_alloc
+            step += 1

@@ -1,0 +1,94 @@
+"""``hybrid simulate``: count embedding transmissions per mode, without MPI.
+
+Runs the same scheduler and cluster state the training runtime uses over the
+store's global batches and counts what DESIGN.md section 6 defines: pulls
+(rows read from the PS), pushes (rows written to the PS: Accumulate, Put of
+plan pushes and full-set pushes, eviction write-backs), p2p rows, and the
+fresh hit rate. The first ``warmup`` iterations are excluded, as in the paper.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from hybrid.config import Config, Mode
+from hybrid.data.store import BatchStore
+from hybrid.scheduler import Scheduler
+
+PUSH_KINDS = ("writeback", "accumulate", "full_set_push", "plan_push")
+
+
+@dataclass
+class ModeCounts:
+    """Totals over the counted iterations of one mode."""
+
+    iterations: int = 0
+    pulls: int = 0
+    pushes: int = 0
+    p2p: int = 0
+    needed: int = 0
+    by_kind: dict = field(default_factory=dict)
+    sched_seconds: dict = field(default_factory=dict)
+
+    @property
+    def transmissions(self) -> int:
+        return self.pulls + self.pushes + self.p2p
+
+    @property
+    def hit_rate(self) -> float:
+        """Fresh hits / needed rows."""
+        return 1.0 - (self.pulls + self.p2p) / self.needed if self.needed else 0.0
+
+    @property
+    def sched_ms(self) -> float:
+        """Scheduling time per batch (scoring + allocation + state update + plan)."""
+        return 1000 * sum(self.sched_seconds.values()) / max(1, self.iterations)
+
+    def add(self, plan) -> None:
+        self.iterations += 1
+        self.pulls += plan.counts["pull"]
+        self.pushes += sum(plan.counts[k] for k in PUSH_KINDS)
+        self.needed += plan.needed
+        for kind, n in plan.counts.items():
+            self.by_kind[kind] = self.by_kind.get(kind, 0) + n
+        for stage, seconds in plan.timing.items():
+            self.sched_seconds[stage] = self.sched_seconds.get(stage, 0.0) + seconds
+
+    def summary(self) -> dict:
+        return {"pulls": self.pulls, "pushes": self.pushes, "p2p": self.p2p,
+                "transmissions": self.transmissions, "hit_rate": round(self.hit_rate, 6),
+                "sched_ms": round(self.sched_ms, 4), "iterations": self.iterations,
+                "by_kind": self.by_kind,
+                "sched_ms_by_stage": {k: round(1000 * v / max(1, self.iterations), 4)
+                                      for k, v in self.sched_seconds.items()}}
+
+
+def simulate_mode(config: Config, store: BatchStore, mode: Mode, iterations: int = 0,
+                  progress=None) -> ModeCounts:
+    """Counts of one mode over ``iterations`` global batches (0 = the whole split)."""
+    scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, mode=mode)
+    batches = (b.sparse for b in store.batches(config.global_batch, shuffle=config.data.shuffle,
+                                                seed=config.data.shuffle_seed))
+    if iterations:
+        batches = itertools.islice(batches, iterations)
+    counts = ModeCounts()
+    for plan in scheduler.plans(batches):
+        if plan.step >= config.scheduler.warmup_iterations:
+            counts.add(plan)
+        if progress is not None:
+            progress(1)
+    return counts
+
+
+def simulate(config: Config, modes, iterations: int = 0, progress=None) -> dict[Mode, ModeCounts]:
+    """Counts per mode on the training split of ``config.data.path``."""
+    store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
+    return {mode: simulate_mode(config, store, mode, iterations, progress) for mode in modes}
+
+
+def reduction(mode: ModeCounts, baseline: ModeCounts) -> dict:
+    """Relative reduction of pulls, pushes and transmissions versus ``baseline``."""
+    def cut(a, b):
+        return 1.0 - a / b if b else 0.0
+    return {"pulls": cut(mode.pulls, baseline.pulls), "pushes": cut(mode.pushes, baseline.pushes),
+            "transmissions": cut(mode.transmissions, baseline.transmissions)}

@@ -1,0 +1,85 @@
+"""A literal, slow Python transcription of DESIGN.md section 3, as a test oracle.
+
+Sets and OrderedDicts instead of bitmasks and hash tables: the Cython cluster
+state must produce exactly the same events, holder sets and cache contents.
+"""
+from collections import OrderedDict
+
+PS = "PS"
+
+
+class OracleState:
+    def __init__(self, n_workers, n_rows, capacity, full_set):
+        self.n, self.capacity, self.full_set = n_workers, capacity, full_set
+        self.holders = [{PS} for _ in range(n_rows)]
+        self.caches = [OrderedDict() for _ in range(n_workers)]  # row -> slot, LRU first
+        self.free = [list(range(capacity)) for _ in range(n_workers)]
+        self.needs = None
+
+    def set_needs(self, rows, alloc):
+        needs = [[] for _ in range(self.n)]  # per worker, first-appearance order
+        seen = [set() for _ in range(self.n)]
+        for i, w in enumerate(alloc):
+            for e in rows[i]:
+                e = int(e)
+                if e not in seen[w]:
+                    seen[w].add(e)
+                    needs[w].append(e)
+        self.needs = needs
+        self.trainers = {}
+        for w, rows_w in enumerate(needs):
+            for e in rows_w:
+                self.trainers.setdefault(e, set()).add(w)
+
+    def train(self):
+        events = []
+        for w, rows_w in enumerate(self.needs):
+            cache = self.caches[w]
+            for e in rows_w:  # pin: touch cached rows needed now
+                if e in cache:
+                    cache.move_to_end(e)
+            for e in rows_w:
+                if w in self.holders[e]:
+                    continue
+                assert PS in self.holders[e], f"row {e} needed by {w} is not at the PS"
+                if e not in cache:
+                    if self.free[w]:
+                        slot = self.free[w].pop(0)
+                    else:
+                        victim, slot = next(iter(cache.items()))
+                        assert victim not in rows_w
+                        if self.holders[victim] == {w}:
+                            events.append(("writeback", w, victim, slot))
+                            self.holders[victim] = {PS}
+                        else:
+                            self.holders[victim].discard(w)
+                        del cache[victim]
+                    cache[e] = slot
+                events.append(("pull", w, e, cache[e]))
+                self.holders[e].add(w)
+        for w, rows_w in enumerate(self.needs):
+            for e in rows_w:
+                slot = self.caches[w][e]
+                if len(self.trainers[e]) >= 2:
+                    events.append(("accumulate", w, e, slot))
+                    self.holders[e] = {PS}
+                elif self.full_set:
+                    events.append(("full_set_push", w, e, slot))
+                    self.holders[e] = {PS, w}
+                else:
+                    events.append(("local", w, e, slot))
+                    self.holders[e] = {w}
+        return events
+
+    def plan(self, rows, alloc):
+        self.set_needs(rows, alloc)
+        events = []
+        for v, rows_v in enumerate(self.needs):
+            for e in rows_v:
+                holders = self.holders[e]
+                if len(holders) == 1 and PS not in holders:
+                    (owner,) = holders
+                    if owner != v:
+                        events.append(("plan_push", owner, e, self.caches[owner][e]))
+                        holders.add(PS)
+        return events

@@ -1,0 +1,170 @@
+"""The Cython cluster state follows DESIGN.md section 3 exactly.
+
+It is compared event for event with a literal Python transcription
+(``state_oracle.py``) on random small instances, and the invariants the
+design names are checked directly.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hybrid._ext.cluster_state import KIND_NAMES, ClusterState, StateError
+from state_oracle import PS, OracleState
+
+
+@st.composite
+def instances(draw, max_workers=5):
+    n_workers = draw(st.integers(1, max_workers))
+    n_rows = draw(st.integers(2, 30))
+    n_tables = draw(st.integers(1, 3))
+    per_worker = draw(st.integers(1, 4))
+    slack = draw(st.integers(0, 6))
+    capacity = per_worker * n_tables + slack  # at least one iteration's working set
+    iterations = draw(st.integers(1, 8))
+    batch = n_workers * per_worker
+    rows = [np.array(draw(st.lists(st.lists(st.integers(0, n_rows - 1), min_size=n_tables, max_size=n_tables),
+                                   min_size=batch, max_size=batch)), dtype=np.int64)
+            for _ in range(iterations)]
+    balanced = [w for w in range(n_workers) for _ in range(per_worker)]  # the scheduler's capacity |B|/n
+    allocs = [np.array(draw(st.permutations(balanced)), dtype=np.int32) for _ in range(iterations)]
+    full_set = draw(st.booleans())
+    return n_workers, n_rows, capacity, full_set, rows, allocs
+
+
+def _events(state):
+    kind, worker, row, slot = state.events()
+    return [(KIND_NAMES[k], int(w), int(e), int(s)) for k, w, e, s in zip(kind, worker, row, slot)]
+
+
+def _oracle_holders(oracle, n_workers):
+    table = np.zeros((len(oracle.holders), 1 + n_workers), dtype=bool)
+    for e, holders in enumerate(oracle.holders):
+        for h in holders:
+            table[e, 0 if h == PS else h + 1] = True
+    return table
+
+
+def _run_both(n_workers, n_rows, capacity, full_set, rows, allocs, check=None):
+    state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=full_set,
+                         max_pairs=rows[0].size)
+    oracle = OracleState(n_workers, n_rows, capacity, full_set)
+    state.set_needs(rows[0], allocs[0])
+    oracle.set_needs(rows[0], allocs[0])
+    for t in range(len(rows)):
+        before = state.holder_sets()
+        state.train()
+        trained = _events(state)
+        assert trained == oracle.train()
+        nxt = (rows[t + 1], allocs[t + 1]) if t + 1 < len(rows) else (None, None)
+        state.plan(*nxt)
+        planned = _events(state)
+        assert planned == (oracle.plan(*nxt) if nxt[0] is not None else [])
+        assert np.array_equal(state.holder_sets(), _oracle_holders(oracle, n_workers))
+        for w in range(n_workers):
+            cached = {int(e): s for s, e in enumerate(state.cache_rows(w)) if e >= 0}
+            assert cached == dict(oracle.caches[w])
+            assert [state.cache_rows(w)[s] for s in state.lru_order(w)] == list(reversed(oracle.caches[w]))
+        if check:
+            check(state, t, before, trained, planned, rows, allocs)
+    return state
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances())
+def test_matches_the_literal_design(instance):
+    _run_both(*instance)
+
+
+@settings(max_examples=30, deadline=None)
+@given(instances(max_workers=2).map(lambda i: (i[0] + 68,) + i[1:]))
+def test_more_than_64_workers_use_multiword_holder_sets(instance):
+    _run_both(*instance)
+
+
+def _invariants(state, t, before, trained, planned, rows, allocs):
+    n_workers = state.n_workers
+    after = state.holder_sets()
+    assert after.any(axis=1).all(), "every row has a holder of its latest value"
+    for kind, w, e, s in trained:
+        if kind == "pull":
+            assert not before[e, w + 1], "a pulled row is never already fresh"
+            assert before[e, 0], "pulls come from the PS, which holds the latest value"
+    for w in range(n_workers):
+        cached = set(int(e) for e in state.cache_rows(w) if e >= 0)
+        assert len(cached) <= state.capacity
+        fresh = set(np.flatnonzero(after[:, w + 1]))
+        assert fresh <= cached, "a worker only holds latest values in its cache"
+    trainers = {}
+    for i, w in enumerate(allocs[t]):
+        for e in rows[t][i]:
+            trainers.setdefault(int(e), set()).add(int(w))
+    for e, ws in trainers.items():
+        if len(ws) >= 2:
+            assert after[e, 0] and after[e].sum() == 1, "shared rows end at the PS only"
+    written_back = {(w, e) for kind, w, e, s in trained if kind == "writeback"}
+    for w in range(n_workers):
+        for e in np.flatnonzero(before[:, w + 1]):
+            dirty_before = before[e].sum() == 1
+            if dirty_before and state.slot_of(w, int(e)) < 0:
+                assert (w, int(e)) in written_back, "an evicted dirty row is written back"
+    if t + 1 < len(rows):
+        for i, v in enumerate(allocs[t + 1]):
+            for e in rows[t + 1][i]:
+                holders = after[int(e)]
+                dirty_elsewhere = holders.sum() == 1 and not holders[0] and not holders[v + 1]
+                assert not dirty_elsewhere, "a row needed by another worker in t+1 is not left dirty"
+
+
+@settings(max_examples=200, deadline=None)
+@given(instances())
+def test_design_invariants(instance):
+    _run_both(*instance, check=_invariants)
+
+
+def test_shared_rows_end_at_the_ps_only():
+    state = ClusterState(n_workers=2, n_rows=4, capacity=4, full_set=False, max_pairs=4)
+    state.set_needs(np.array([[1], [1]], dtype=np.int64), np.array([0, 1], dtype=np.int32))
+    counts = state.train()
+    assert counts["pull"] == 2 and counts["accumulate"] == 2
+    assert state.holder_sets()[1].tolist() == [True, False, False]
+
+
+def test_single_trainer_keeps_a_dirty_row_until_another_worker_needs_it():
+    state = ClusterState(n_workers=2, n_rows=4, capacity=4, full_set=False, max_pairs=2)
+    one = np.array([[2], [3]], dtype=np.int64)
+    state.set_needs(one, np.array([0, 1], dtype=np.int32))
+    assert state.train()["local"] == 2
+    assert state.plan(one, np.array([0, 1], dtype=np.int32))["plan_push"] == 0  # same places: stays dirty
+    assert state.train() == dict.fromkeys(KIND_NAMES, 0) | {"local": 2}  # fresh hits, nothing moves
+    assert state.plan(one, np.array([1, 0], dtype=np.int32))["plan_push"] == 2  # swapped: both pushed
+    assert state.train()["pull"] == 2
+
+
+def test_full_set_mode_never_leaves_dirty_rows():
+    state = ClusterState(n_workers=2, n_rows=4, capacity=4, full_set=True, max_pairs=2)
+    rows = np.array([[2], [3]], dtype=np.int64)
+    state.set_needs(rows, np.array([0, 1], dtype=np.int32))
+    assert state.train()["full_set_push"] == 2
+    assert state.plan(rows, np.array([1, 0], dtype=np.int32))["plan_push"] == 0
+    assert state.holder_sets()[2].tolist() == [True, True, False]
+
+
+def test_too_small_cache_is_a_clear_error():
+    state = ClusterState(n_workers=1, n_rows=10, capacity=2, full_set=False, max_pairs=3)
+    state.set_needs(np.array([[1, 2, 3]], dtype=np.int64), np.array([0], dtype=np.int32))
+    with pytest.raises(StateError, match="cannot hold this iteration's working set"):
+        state.train()
+
+
+def test_bad_inputs_name_what_is_wrong():
+    state = ClusterState(n_workers=2, n_rows=10, capacity=4, full_set=False, max_pairs=4)
+    with pytest.raises(ValueError, match=r"alloc\[1\] = 2 is not a worker"):
+        state.set_needs(np.zeros((2, 1), dtype=np.int64), np.array([0, 2], dtype=np.int32))
+    with pytest.raises(ValueError, match=r"rows\[0, 0\] = 10 is not a row"):
+        state.set_needs(np.full((2, 1), 10, dtype=np.int64), np.array([0, 1], dtype=np.int32))
+    with pytest.raises(ValueError, match="exceeds max_pairs"):
+        state.set_needs(np.zeros((5, 1), dtype=np.int64), np.zeros(5, dtype=np.int32))
+    with pytest.raises(StateError, match="set_needs"):
+        state.train()
+    with pytest.raises(ValueError, match="capacity"):
+        ClusterState(n_workers=2, n_rows=10, capacity=0, full_set=False, max_pairs=4)

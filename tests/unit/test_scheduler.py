@@ -1,0 +1,85 @@
+"""The scheduler: identical plans from independent instances; simulator counts."""
+import json
+
+import numpy as np
+import pytest
+
+from hybrid.cli import main
+from hybrid.config import Mode, load_config
+from hybrid.data.store import BatchStore
+from hybrid.scheduler import Scheduler, SchedulerError
+from hybrid.simulator import simulate, simulate_mode
+
+
+def _config(store_path, *overrides):
+    return load_config(None, [f"data.path={store_path}", "cluster.workers=4", "train.batch_per_worker=16",
+                              "cache.ratio=0.2", "seed=3", *overrides])
+
+
+def _digests(config, store, iterations):
+    scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, record_events=True)
+    batches = (b.sparse for b in store.batches(config.global_batch))
+    return [plan.digest() for plan, _ in zip(scheduler.plans(batches), range(iterations))]
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "herald"])
+def test_independent_schedulers_agree_for_1000_iterations(criteo_like, mode):
+    store = BatchStore(criteo_like)
+    one = _config(criteo_like, f"scheduler.mode={mode}", "scheduler.laia=chunked", "scheduler.threads=1")
+    two = _config(criteo_like, f"scheduler.mode={mode}", "scheduler.laia=chunked", "scheduler.threads=2")
+    first, second = _digests(one, store, 1000), _digests(two, store, 1000)
+    assert len(first) == 937  # 60000 samples / 64 per batch
+    assert first == second
+    other_seed = _digests(_config(criteo_like, f"scheduler.mode={mode}", "seed=4"), store, 20)
+    assert other_seed != first[:20]
+
+
+def test_plans_carry_executable_events(criteo_like):
+    store = BatchStore(criteo_like)
+    config = _config(criteo_like)
+    scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, record_events=True)
+    plan = next(scheduler.plans(b.sparse for b in store.batches(config.global_batch)))
+    kind, worker, row, slot = plan.events
+    assert len(kind) == sum(plan.counts.values())
+    assert (slot >= 0).all() and (slot < scheduler.state.capacity).all()
+    assert np.array_equal(np.bincount(plan.allocation, minlength=4), [16] * 4)
+
+
+def test_cache_smaller_than_a_working_set_is_refused(criteo_like):
+    store = BatchStore(criteo_like)
+    with pytest.raises(SchedulerError, match=r"cache.ratio=0.001 gives \d+ slots .* use cache.ratio >= 0.0"):
+        Scheduler.from_config(_config(criteo_like, "cache.ratio=0.001"), cardinalities=store.cardinalities)
+
+
+def test_unimplemented_modes_say_so(criteo_like):
+    store = BatchStore(criteo_like)
+    with pytest.raises(SchedulerError, match="het is not implemented yet"):
+        Scheduler.from_config(_config(criteo_like, "scheduler.mode=het"), cardinalities=store.cardinalities)
+
+
+def test_herald_cuts_transmissions_on_data_with_locality(criteo_like):
+    results = simulate(_config(criteo_like), [Mode.vanilla, Mode.laia, Mode.plan, Mode.herald], iterations=200)
+    vanilla, laia, plan, herald = (results[m] for m in (Mode.vanilla, Mode.laia, Mode.plan, Mode.herald))
+    assert vanilla.iterations == 190  # 10 warm-up iterations excluded
+    assert laia.pulls < vanilla.pulls and herald.pulls == laia.pulls  # same allocation, same pulls
+    assert plan.pushes < vanilla.pushes and plan.pulls == vanilla.pulls
+    assert herald.transmissions < laia.transmissions < vanilla.transmissions
+    assert herald.hit_rate > vanilla.hit_rate
+
+
+def test_simulate_prints_json_last(criteo_like, capsys):
+    assert main(["simulate", "--config", "configs/w1-smoke.yaml", f"data.path={criteo_like}",
+                 "--workers", "4", "--iterations", "30", "--modes", "vanilla,herald", "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    assert set(result) == {"vanilla", "herald"}
+    for counts in result.values():
+        assert counts["transmissions"] == counts["pulls"] + counts["pushes"] + counts["p2p"]
+        assert {"pulls", "pushes", "p2p", "transmissions", "hit_rate", "sched_ms"} <= set(counts)
+    assert out[-2].startswith("herald") and out[-3].startswith("vanilla")
+
+
+def test_simulate_rejects_unknown_modes(criteo_like, capsys):
+    assert main(["simulate", "--config", "configs/w1-smoke.yaml", f"data.path={criteo_like}",
+                 "--modes", "vanilla,turbo"]) == 1
+    assert "--modes" in capsys.readouterr().err
