@@ -19,8 +19,9 @@ One iteration ``t`` is three calls:
    (Herald's Algorithm 2).
 
 Memory: per row 8 bytes of holder bits per 64 holders plus 8 bytes of
-scratch (stamp, index): 16 bytes per row up to 63 workers; per cache slot
-4 (row) + 8 (LRU links) + 8 (row -> slot table at load <= 1/2) = 20 bytes.
+scratch (epoch stamp and index in one word): 16 bytes per row up to 63 workers; per cache slot
+4 (row) + 8 (LRU links) + 12 (row -> slot table of 8-byte entries at load
+<= 2/3) = 24 bytes.
 """
 import hashlib
 
@@ -30,6 +31,12 @@ from libc.stdint cimport int32_t, int64_t, uint64_t
 cdef extern from *:
     int popcount64 "__builtin_popcountll"(unsigned long long) nogil
     int ctz64 "__builtin_ctzll"(unsigned long long) nogil
+    void prefetch "__builtin_prefetch"(const void*) nogil
+
+# Rows are touched in random order, so the loops below are bound by memory
+# latency; they prefetch the row a few steps ahead to overlap the misses.
+cdef enum:
+    AHEAD = 8
 
 # Event kinds recorded by train() and plan(); the runtime executes them, the
 # simulator counts them (DESIGN.md section 6).
@@ -50,6 +57,9 @@ cdef enum:
 
 class StateError(RuntimeError):
     """The state machine reached a state DESIGN.md section 3 rules out."""
+
+
+cdef int64_t LOW32 = (<int64_t>1 << 32) - 1
 
 
 cdef inline uint64_t row_hash(int64_t row) noexcept nogil:
@@ -77,13 +87,12 @@ cdef class ClusterState:
     cdef int32_t[::1] lru_tail               # least recently used slot per worker
     cdef int32_t[::1] used                   # slots handed out per worker
     # row -> slot per worker: open addressing over slot ids, [worker * table_size + i]
-    cdef int32_t[::1] table
+    cdef int64_t[::1] table
     cdef int64_t table_size
 
     # needs of the current iteration: distinct rows, their worker sets, and
     # (worker, row) pairs sorted by worker
-    cdef int32_t[::1] stamp                  # per row: epoch of the last needs it appeared in
-    cdef int32_t[::1] need_index             # per row: its index in need_rows (valid if stamped)
+    cdef int64_t[::1] need_tag               # per row: epoch << 32 | index in need_rows (one load)
     cdef int32_t epoch
     cdef int64_t n_need
     cdef int64_t[::1] need_rows
@@ -92,6 +101,12 @@ cdef class ClusterState:
     cdef int64_t[::1] pair_row
     cdef int32_t[::1] pair_worker
     cdef int32_t[::1] pair_slot
+    cdef int32_t[::1] pair_need              # index of the pair's row in need_rows
+    cdef int32_t[::1] need_trainers          # workers needing each row
+    cdef int64_t[::1] tmp_row                # set_needs scratch
+    cdef int32_t[::1] tmp_worker
+    cdef int32_t[::1] tmp_need
+    cdef int64_t[::1] worker_fill
     cdef int64_t[::1] worker_start           # pairs of worker w: [worker_start[w], worker_start[w+1])
     cdef bint needs_ready
 
@@ -131,19 +146,22 @@ cdef class ClusterState:
         self.lru_head = np.full(n_workers, EMPTY, dtype=np.int32)
         self.lru_tail = np.full(n_workers, EMPTY, dtype=np.int32)
         self.used = np.zeros(n_workers, dtype=np.int32)
-        self.table_size = 1
-        while self.table_size < 2 * capacity:
-            self.table_size *= 2
-        self.table = np.full(n_workers * self.table_size, EMPTY, dtype=np.int32)
+        self.table_size = capacity + capacity // 2 + 1  # load <= 2/3
+        self.table = np.full(n_workers * self.table_size, EMPTY, dtype=np.int64)
 
-        self.stamp = np.zeros(n_rows, dtype=np.int32)
-        self.need_index = np.zeros(n_rows, dtype=np.int32)
+        self.need_tag = np.zeros(n_rows, dtype=np.int64)
         self.epoch = 0
         self.need_rows = np.zeros(max_pairs, dtype=np.int64)
         self.need_masks = np.zeros(max_pairs * self.words, dtype=np.uint64)
         self.pair_row = np.zeros(max_pairs, dtype=np.int64)
         self.pair_worker = np.zeros(max_pairs, dtype=np.int32)
         self.pair_slot = np.zeros(max_pairs, dtype=np.int32)
+        self.pair_need = np.zeros(max_pairs, dtype=np.int32)
+        self.need_trainers = np.zeros(max_pairs, dtype=np.int32)
+        self.tmp_row = np.zeros(max_pairs, dtype=np.int64)
+        self.tmp_worker = np.zeros(max_pairs, dtype=np.int32)
+        self.tmp_need = np.zeros(max_pairs, dtype=np.int32)
+        self.worker_fill = np.zeros(n_workers + 1, dtype=np.int64)
         self.worker_start = np.zeros(n_workers + 1, dtype=np.int64)
         self.n_need = 0
         self.n_pairs = 0
@@ -187,53 +205,56 @@ cdef class ClusterState:
             return -1
         return bit - 1
 
-    cdef inline int holder_count(self, const uint64_t* bits) noexcept nogil:
-        cdef int k, count = 0
-        for k in range(self.words):
-            count += popcount64(bits[k])
-        return count
-
     # ------------------------------------------------------------ row -> slot
+    # Entries pack (row << 32 | slot), so probing never reads slot_row: the
+    # lookups run at memory latency and each avoided miss counts.
+    cdef inline int64_t home(self, int64_t row) noexcept nogil:
+        return <int64_t>(((row_hash(row) & LOW32) * <uint64_t>self.table_size) >> 32)
+
     cdef inline int32_t find(self, int w, int64_t row) noexcept nogil:
-        cdef int64_t mask = self.table_size - 1
         cdef int64_t base = w * self.table_size
-        cdef int64_t i = <int64_t>(row_hash(row) & <uint64_t>mask)
-        cdef int32_t s
+        cdef int64_t i = self.home(row)
+        cdef int64_t entry
         while True:
-            s = self.table[base + i]
-            if s == EMPTY:
+            entry = self.table[base + i]
+            if entry == EMPTY:
                 return EMPTY
-            if self.slot_row[w * self.capacity + s] == row:
-                return s
-            i = (i + 1) & mask
+            if (entry >> 32) == row:
+                return <int32_t>(entry & LOW32)
+            i += 1
+            if i == self.table_size:
+                i = 0
 
     cdef inline void map_insert(self, int w, int64_t row, int32_t slot) noexcept nogil:
-        cdef int64_t mask = self.table_size - 1
         cdef int64_t base = w * self.table_size
-        cdef int64_t i = <int64_t>(row_hash(row) & <uint64_t>mask)
+        cdef int64_t i = self.home(row)
         while self.table[base + i] != EMPTY:
-            i = (i + 1) & mask
-        self.table[base + i] = slot
+            i += 1
+            if i == self.table_size:
+                i = 0
+        self.table[base + i] = (row << 32) | slot
 
     cdef void map_erase(self, int w, int64_t row) noexcept nogil:
         """Linear-probing deletion with backward shift (no tombstones)."""
-        cdef int64_t mask = self.table_size - 1
         cdef int64_t base = w * self.table_size
-        cdef int64_t i = <int64_t>(row_hash(row) & <uint64_t>mask)
-        cdef int64_t j, home
-        cdef int32_t s
-        while self.slot_row[w * self.capacity + self.table[base + i]] != row:
-            i = (i + 1) & mask
+        cdef int64_t i = self.home(row), j, h
+        cdef int64_t entry
+        while (self.table[base + i] >> 32) != row:
+            i += 1
+            if i == self.table_size:
+                i = 0
         j = i
         while True:
-            j = (j + 1) & mask
-            s = self.table[base + j]
-            if s == EMPTY:
+            j += 1
+            if j == self.table_size:
+                j = 0
+            entry = self.table[base + j]
+            if entry == EMPTY:
                 break
-            home = <int64_t>(row_hash(self.slot_row[w * self.capacity + s]) & <uint64_t>mask)
-            # move s back to the hole at i unless its home lies cyclically in (i, j]
-            if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
-                self.table[base + i] = s
+            h = self.home(entry >> 32)
+            # move the entry back into the hole at i unless its home lies cyclically in (i, j]
+            if (j > i and (h <= i or h > j)) or (j < i and (h <= i and h > j)):
+                self.table[base + i] = entry
                 i = j
         self.table[base + i] = EMPTY
 
@@ -280,54 +301,64 @@ cdef class ClusterState:
             raise ValueError(f"rows has {rows.shape[0]} samples but alloc has {alloc.shape[0]}")
         if rows.shape[0] * rows.shape[1] > self.max_pairs:
             raise ValueError(f"batch of {rows.shape[0]} x {rows.shape[1]} ids exceeds max_pairs={self.max_pairs}")
-        cdef int64_t i, t, e, k, p
+        if rows.shape[0] == 0:
+            raise ValueError("an empty batch has no needs")
+        bad = np.flatnonzero((np.asarray(alloc) < 0) | (np.asarray(alloc) >= self.n_workers))
+        if len(bad):
+            raise ValueError(f"alloc[{bad[0]}] = {alloc[bad[0]]} is not a worker in [0, {self.n_workers})")
+        if rows.shape[1] and (np.asarray(rows).min() < 0 or np.asarray(rows).max() >= self.n_rows):
+            where = np.argwhere((np.asarray(rows) < 0) | (np.asarray(rows) >= self.n_rows))[0]
+            raise ValueError(f"rows[{where[0]}, {where[1]}] = {np.asarray(rows)[tuple(where)]} "
+                             f"is not a row in [0, {self.n_rows})")
+        cdef int64_t i, t, e, k, p, tag, n_tmp = 0
         cdef int w, bit
         cdef uint64_t flag
-        for i in range(alloc.shape[0]):
-            if alloc[i] < 0 or alloc[i] >= self.n_workers:
-                raise ValueError(f"alloc[{i}] = {alloc[i]} is not a worker in [0, {self.n_workers})")
-        for i in range(rows.shape[0]):
-            for t in range(rows.shape[1]):
-                if rows[i, t] < 0 or rows[i, t] >= self.n_rows:
-                    raise ValueError(f"rows[{i}, {t}] = {rows[i, t]} is not a row in [0, {self.n_rows})")
-        cdef int64_t[::1] counts = np.zeros(self.n_workers + 1, dtype=np.int64)
-        cdef int64_t[::1] tmp_row = np.empty(rows.shape[0] * rows.shape[1], dtype=np.int64)
-        cdef int32_t[::1] tmp_worker = np.empty(rows.shape[0] * rows.shape[1], dtype=np.int32)
-        cdef int64_t n_tmp = 0
+        cdef int64_t epoch_bits
         with nogil:
             self.epoch += 1
+            epoch_bits = (<int64_t>self.epoch) << 32
             self.n_need = 0
+            for w in range(self.n_workers + 1):
+                self.worker_fill[w] = 0
             for i in range(rows.shape[0]):
                 w = alloc[i]
                 bit = w + 1
                 flag = (<uint64_t>1) << (bit & 63)
+                if i + 1 < rows.shape[0]:
+                    for t in range(rows.shape[1]):
+                        prefetch(&self.need_tag[rows[i + 1, t]])
                 for t in range(rows.shape[1]):
                     e = rows[i, t]
-                    if self.stamp[e] != self.epoch:
-                        self.stamp[e] = self.epoch
-                        self.need_index[e] = <int32_t>self.n_need
+                    tag = self.need_tag[e]
+                    if (tag >> 32) != self.epoch:
+                        tag = epoch_bits | self.n_need
+                        self.need_tag[e] = tag
                         self.need_rows[self.n_need] = e
+                        self.need_trainers[self.n_need] = 0
                         for k in range(self.words):
                             self.need_masks[self.n_need * self.words + k] = 0
                         self.n_need += 1
-                    k = self.need_index[e] * self.words + (bit >> 6)
+                    k = (tag & LOW32) * self.words + (bit >> 6)
                     if not (self.need_masks[k] & flag):
                         self.need_masks[k] |= flag
-                        tmp_row[n_tmp] = e
-                        tmp_worker[n_tmp] = w
+                        self.need_trainers[tag & LOW32] += 1
+                        self.tmp_row[n_tmp] = e
+                        self.tmp_worker[n_tmp] = w
+                        self.tmp_need[n_tmp] = <int32_t>(tag & LOW32)
                         n_tmp += 1
-                        counts[w + 1] += 1
+                        self.worker_fill[w + 1] += 1
             # counting sort of (worker, row) pairs by worker, first-appearance order within
             for w in range(self.n_workers):
-                counts[w + 1] += counts[w]
+                self.worker_fill[w + 1] += self.worker_fill[w]
             for w in range(self.n_workers + 1):
-                self.worker_start[w] = counts[w]
+                self.worker_start[w] = self.worker_fill[w]
             for p in range(n_tmp):
-                w = tmp_worker[p]
-                k = counts[w]
-                counts[w] += 1
-                self.pair_row[k] = tmp_row[p]
+                w = self.tmp_worker[p]
+                k = self.worker_fill[w]
+                self.worker_fill[w] += 1
+                self.pair_row[k] = self.tmp_row[p]
                 self.pair_worker[k] = w
+                self.pair_need[k] = self.tmp_need[p]
                 self.pair_slot[k] = EMPTY
             self.n_pairs = n_tmp
         self.needs_ready = True
@@ -365,6 +396,9 @@ cdef class ClusterState:
             return self.n_rows
         # Pin: touch every cached row needed now, so the LRU tail holds only unneeded rows.
         for p in range(first, last):
+            if p + AHEAD < last:
+                prefetch(&self.table[w * self.table_size + self.home(self.pair_row[p + AHEAD])])
+                prefetch(&self.holders[self.pair_row[p + AHEAD] * self.words])
             s = self.find(w, self.pair_row[p])
             self.pair_slot[p] = s
             if s != EMPTY:
@@ -383,7 +417,7 @@ cdef class ClusterState:
                 else:
                     s = self.lru_tail[w]
                     victim = self.slot_row[cbase + s]
-                    if self.stamp[victim] == self.epoch and self.needed_by(victim, w):
+                    if self.needed_by(victim, w):
                         return self.n_rows
                     owner = self.dirty_owner(victim)
                     if owner == w:
@@ -403,17 +437,21 @@ cdef class ClusterState:
 
     cdef inline bint needed_by(self, int64_t row, int w) noexcept nogil:
         cdef int bit = w + 1
-        return (self.need_masks[self.need_index[row] * self.words + (bit >> 6)] >> (bit & 63)) & 1
+        cdef int64_t tag = self.need_tag[row]
+        if (tag >> 32) != self.epoch:
+            return False
+        return (self.need_masks[(tag & LOW32) * self.words + (bit >> 6)] >> (bit & 63)) & 1
 
     cdef void update(self) noexcept nogil:
         """Step 4: who holds the latest value of each trained row after the update."""
         cdef int64_t p, e
-        cdef int w, trainers
+        cdef int w
         for p in range(self.n_pairs):
+            if p + AHEAD < self.n_pairs:
+                prefetch(&self.holders[self.pair_row[p + AHEAD] * self.words])
             e = self.pair_row[p]
             w = self.pair_worker[p]
-            trainers = self.holder_count(&self.need_masks[self.need_index[e] * self.words])
-            if trainers >= 2:
+            if self.need_trainers[self.pair_need[p]] >= 2:
                 self.record(K_ACCUMULATE, w, e, self.pair_slot[p])
                 self.set_only(e, PS_BIT)
             elif self.full_set:
@@ -440,6 +478,8 @@ cdef class ClusterState:
         cdef int owner
         with nogil:
             for p in range(self.n_pairs):
+                if p + AHEAD < self.n_pairs:
+                    prefetch(&self.holders[self.pair_row[p + AHEAD] * self.words])
                 e = self.pair_row[p]
                 owner = self.dirty_owner(e)
                 if owner >= 0 and owner != self.pair_worker[p]:
@@ -460,8 +500,7 @@ cdef class ClusterState:
         clone.lru_tail[:] = self.lru_tail
         clone.used[:] = self.used
         clone.table[:] = self.table
-        clone.stamp[:] = self.stamp
-        clone.need_index[:] = self.need_index
+        clone.need_tag[:] = self.need_tag
         clone.epoch = self.epoch
         clone.need_rows[:] = self.need_rows
         clone.need_masks[:] = self.need_masks
@@ -469,6 +508,8 @@ cdef class ClusterState:
         clone.pair_row[:] = self.pair_row
         clone.pair_worker[:] = self.pair_worker
         clone.pair_slot[:] = self.pair_slot
+        clone.pair_need[:] = self.pair_need
+        clone.need_trainers[:] = self.need_trainers
         clone.worker_start[:] = self.worker_start
         clone.n_pairs = self.n_pairs
         clone.needs_ready = self.needs_ready

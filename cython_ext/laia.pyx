@@ -20,6 +20,7 @@ from counter_hash cimport hash3
 
 cdef extern from *:
     int ctz64 "__builtin_ctzll"(unsigned long long) nogil
+    void prefetch "__builtin_prefetch"(const void*) nogil
 
 cdef enum:
     TIE_STREAM = 0x7A1E
@@ -44,6 +45,9 @@ def score(*, const uint64_t[::1] holders, int words, int n_workers, const int64_
         for i in prange(n_samples, num_threads=threads, schedule="static"):
             for w in range(n_workers):
                 out[i, w] = 0
+            if i + 1 < n_samples:  # overlap the next sample's (random) holder reads
+                for k in range(tables.shape[0]):
+                    prefetch(&holders[rows[i + 1, tables[k]] * words])
             for k in range(tables.shape[0]):
                 e = rows[i, tables[k]]
                 for word in range(words):

@@ -82,6 +82,7 @@ class LaiaAllocation(AllocationPolicy):
         self.state, self.seed, self.chunks, self.threads = state, seed, chunks, threads
         self.tables: np.ndarray | None = None
         self._scores = np.zeros((0, self.n_workers), dtype=np.int32)
+        self._layouts: dict[int, tuple] = {}  # batch size -> (capacity, chunk starts, chunk capacities)
 
     def allocate(self, rows: np.ndarray, iteration: int) -> np.ndarray:
         n = len(rows)
@@ -92,12 +93,14 @@ class LaiaAllocation(AllocationPolicy):
         laia.score(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
                    rows=rows, tables=tables, out=self._scores, threads=self.threads)
         scored = time.perf_counter()
-        capacity = capacities(n, self.n_workers)
+        if n not in self._layouts:
+            capacity = capacities(n, self.n_workers)
+            self._layouts[n] = (capacity,) + (chunk_layout(n, capacity, self.chunks) if self.chunks else (None, None))
+        capacity, starts, chunk_capacity = self._layouts[n]
         if self.chunks is None:
             alloc = laia.allocate_exact(scores=self._scores, capacity=capacity, seed=self.seed,
                                         iteration=iteration)
         else:
-            starts, chunk_capacity = chunk_layout(n, capacity, self.chunks)
             alloc = laia.allocate_chunked(scores=self._scores, chunk_capacity=chunk_capacity, chunk_start=starts,
                                           seed=self.seed, iteration=iteration, threads=self.threads)
         self.timing = {"scoring": scored - start, "allocation": time.perf_counter() - scored}

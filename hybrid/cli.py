@@ -167,6 +167,28 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def cmd_bench(args) -> int:
+    if args.name == "scheduler":
+        from hybrid.bench import scheduler_bench as bench
+
+        print(bench.HEADER, flush=True)
+        rows = bench.run(workers=args.workers, threads=args.threads, batch_per_worker=args.batch_per_worker,
+                         laia=tuple(args.laia.split(",")), iterations=args.iterations, scale=args.scale,
+                         progress=lambda line: print(line, flush=True))
+        if args.json:
+            print(json.dumps([row.to_dict() for row in rows]))
+        return 0
+    print(f"hybrid bench {args.name}: not implemented yet (see the open issues)", file=sys.stderr)
+    return EXIT_NOT_IMPLEMENTED
+
+
 def cmd_not_implemented(args) -> int:
     print(f"hybrid {args.command}: not implemented yet (see the open issues)", file=sys.stderr)
     return EXIT_NOT_IMPLEMENTED
@@ -221,7 +243,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     p.set_defaults(func=cmd_simulate)
 
-    for name, text in (("train", "multi-rank training"), ("bench", "benchmarks")):
+    p = sub.add_parser("bench", help="benchmarks: scheduler (ps: not implemented yet)")
+    p.add_argument("name", choices=["scheduler", "ps"])
+    p.add_argument("--workers", type=_int_list, default=(8, 16, 64, 128))
+    p.add_argument("--threads", type=_int_list, default=(1, 2))
+    p.add_argument("--batch-per-worker", type=_int_list, default=(128,))
+    p.add_argument("--laia", default="exact,chunked", help="LAIA variants (default: %(default)s)")
+    p.add_argument("--iterations", type=int, default=30, help="timed batches per case (after 10 warm-up)")
+    p.add_argument("--scale", type=float, default=0.01, help="Criteo table scale of the synthetic data")
+    p.add_argument("--json", action="store_true", help="print the rows as one JSON list as the last line")
+    p.set_defaults(func=cmd_bench)
+
+    for name, text in (("train", "multi-rank training"),):
         p = sub.add_parser(name, help=f"{text} (not implemented yet)")
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=cmd_not_implemented)

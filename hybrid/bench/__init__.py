@@ -1,0 +1,1 @@
+"""Benchmarks (``hybrid bench NAME``): speed goals live here, never in unit tests."""
