@@ -40,8 +40,8 @@ cdef enum:
 
 # Event kinds recorded by train() and plan(); the runtime executes them, the
 # simulator counts them (DESIGN.md section 6).
-PULL, WRITEBACK, LOCAL, ACCUMULATE, FULL_SET_PUSH, PLAN_PUSH = range(6)
-KIND_NAMES = ("pull", "writeback", "local", "accumulate", "full_set_push", "plan_push")
+PULL, WRITEBACK, LOCAL, ACCUMULATE, FULL_SET_PUSH, PLAN_PUSH, P2P = range(7)
+KIND_NAMES = ("pull", "writeback", "local", "accumulate", "full_set_push", "plan_push", "p2p")
 cdef enum:
     PS_BIT = 0          # holder bit of the parameter server; worker w is bit w + 1
     EMPTY = -1
@@ -53,6 +53,7 @@ cdef enum:
     K_ACCUMULATE = 3
     K_FULL_SET_PUSH = 4
     K_PLAN_PUSH = 5
+    K_P2P = 6
 
 
 class StateError(RuntimeError):
@@ -74,6 +75,7 @@ cdef class ClusterState:
     cdef readonly int64_t n_rows
     cdef readonly int64_t capacity           # cache slots per worker
     cdef readonly bint full_set              # vanilla synchronization: push every trained row
+    cdef readonly bint p2p                   # P2P plans: a row one other worker needs goes owner -> worker
     cdef readonly int64_t max_pairs          # (row, worker) needs one iteration may hold
 
     # L(e): holders of the latest value of each row, words per row
@@ -102,6 +104,8 @@ cdef class ClusterState:
     cdef int32_t[::1] pair_worker
     cdef int32_t[::1] pair_slot
     cdef int32_t[::1] pair_need              # index of the pair's row in need_rows
+    cdef int32_t[::1] pair_source            # P2P: worker sending the pair's row (EMPTY: none)
+    cdef int32_t[::1] pair_source_slot
     cdef int32_t[::1] need_trainers          # workers needing each row
     cdef int64_t[::1] tmp_row                # set_needs scratch
     cdef int32_t[::1] tmp_worker
@@ -115,11 +119,13 @@ cdef class ClusterState:
     cdef int32_t[::1] ev_worker
     cdef int32_t[::1] ev_slot
     cdef int32_t[::1] ev_kind
+    cdef int32_t[::1] ev_peer                # P2P: the sending worker and its slot, else EMPTY
+    cdef int32_t[::1] ev_peer_slot
     cdef int64_t n_events
 
 
     def __init__(self, *, int n_workers, int64_t n_rows, int64_t capacity, bint full_set,
-                 int64_t max_pairs):
+                 int64_t max_pairs, bint p2p=False):
         if n_workers < 1:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
         if n_rows < 1 or n_rows >= 2**31:
@@ -132,7 +138,10 @@ cdef class ClusterState:
         self.words = (n_workers + 1 + 63) // 64
         self.n_rows = n_rows
         self.capacity = capacity
+        if p2p and full_set:
+            raise ValueError("P2P plans need on-demand synchronization (full_set=False)")
         self.full_set = full_set
+        self.p2p = p2p
         self.max_pairs = max_pairs
 
         self.holders = np.zeros(n_rows * self.words, dtype=np.uint64)
@@ -157,6 +166,8 @@ cdef class ClusterState:
         self.pair_worker = np.zeros(max_pairs, dtype=np.int32)
         self.pair_slot = np.zeros(max_pairs, dtype=np.int32)
         self.pair_need = np.zeros(max_pairs, dtype=np.int32)
+        self.pair_source = np.full(max_pairs, EMPTY, dtype=np.int32)
+        self.pair_source_slot = np.full(max_pairs, EMPTY, dtype=np.int32)
         self.need_trainers = np.zeros(max_pairs, dtype=np.int32)
         self.tmp_row = np.zeros(max_pairs, dtype=np.int64)
         self.tmp_worker = np.zeros(max_pairs, dtype=np.int32)
@@ -171,6 +182,8 @@ cdef class ClusterState:
         self.ev_worker = np.zeros(3 * max_pairs, dtype=np.int32)
         self.ev_slot = np.zeros(3 * max_pairs, dtype=np.int32)
         self.ev_kind = np.zeros(3 * max_pairs, dtype=np.int32)
+        self.ev_peer = np.zeros(3 * max_pairs, dtype=np.int32)
+        self.ev_peer_slot = np.zeros(3 * max_pairs, dtype=np.int32)
         self.n_events = 0
 
     # ---------------------------------------------------------------- holders
@@ -288,10 +301,16 @@ cdef class ClusterState:
 
     # ----------------------------------------------------------------- events
     cdef inline void record(self, int kind, int w, int64_t row, int32_t slot) noexcept nogil:
+        self.record_p2p(kind, w, row, slot, EMPTY, EMPTY)
+
+    cdef inline void record_p2p(self, int kind, int w, int64_t row, int32_t slot, int32_t peer,
+                                int32_t peer_slot) noexcept nogil:
         self.ev_kind[self.n_events] = kind
         self.ev_worker[self.n_events] = w
         self.ev_row[self.n_events] = row
         self.ev_slot[self.n_events] = slot
+        self.ev_peer[self.n_events] = peer
+        self.ev_peer_slot[self.n_events] = peer_slot
         self.n_events += 1
 
     # ------------------------------------------------------------------ needs
@@ -360,6 +379,7 @@ cdef class ClusterState:
                 self.pair_worker[k] = w
                 self.pair_need[k] = self.tmp_need[p]
                 self.pair_slot[k] = EMPTY
+                self.pair_source[k] = EMPTY
             self.n_pairs = n_tmp
         self.needs_ready = True
 
@@ -372,6 +392,8 @@ cdef class ClusterState:
         cdef int w
         with nogil:
             self.n_events = 0
+            if self.p2p:
+                self.match_p2p()
             for w in range(self.n_workers):
                 bad_row = self.pull_worker(w)
                 if bad_row >= 0:
@@ -385,6 +407,24 @@ cdef class ClusterState:
                              f"working set; raise the cache size")
         self.needs_ready = False
         return self.counts()
+
+    cdef void match_p2p(self) noexcept nogil:
+        """P2P: a row dirty on ``w`` and needed by one other worker ``v`` goes straight ``w`` -> ``v``.
+
+        Decided for all workers before any of them evicts, so the sender's
+        copy is still in its slot; from here on ``w`` and ``v`` both hold it
+        (``w``'s copy is no longer dirty: evicting it needs no write-back).
+        """
+        cdef int64_t p, e
+        cdef int owner, v
+        for p in range(self.n_pairs):
+            e = self.pair_row[p]
+            v = self.pair_worker[p]
+            owner = self.dirty_owner(e)
+            if owner >= 0 and owner != v:
+                self.pair_source[p] = owner
+                self.pair_source_slot[p] = self.find(owner, e)
+                self.set_bit(e, v + 1)
 
     cdef int64_t pull_worker(self, int w) noexcept nogil:
         """Step 2 for worker ``w``; returns -1, or the offending row (n_rows + x: cache too small)."""
@@ -405,10 +445,11 @@ cdef class ClusterState:
                 self.lru_touch(w, s)
         for p in range(first, last):
             e = self.pair_row[p]
-            if self.fresh(e, w):
-                continue
-            if not self.has_bit(e, PS_BIT):
-                return e
+            if self.pair_source[p] == EMPTY:
+                if self.fresh(e, w):
+                    continue
+                if not self.has_bit(e, PS_BIT):
+                    return e
             s = self.pair_slot[p]
             if s == EMPTY:
                 if self.used[w] < self.capacity:
@@ -431,8 +472,11 @@ cdef class ClusterState:
                 self.map_insert(w, e, s)
                 self.lru_push_front(w, s)
                 self.pair_slot[p] = s
-            self.record(K_PULL, w, e, s)
-            self.set_bit(e, w + 1)
+            if self.pair_source[p] == EMPTY:
+                self.record(K_PULL, w, e, s)
+                self.set_bit(e, w + 1)
+            else:
+                self.record_p2p(K_P2P, w, e, s, self.pair_source[p], self.pair_source_slot[p])
         return -1
 
     cdef inline bint needed_by(self, int64_t row, int w) noexcept nogil:
@@ -482,6 +526,8 @@ cdef class ClusterState:
                     prefetch(&self.holders[self.pair_row[p + AHEAD] * self.words])
                 e = self.pair_row[p]
                 owner = self.dirty_owner(e)
+                if self.p2p and self.need_trainers[self.pair_need[p]] == 1:
+                    continue  # only this worker needs it: sent peer to peer when t + 1 starts
                 if owner >= 0 and owner != self.pair_worker[p]:
                     self.record(K_PLAN_PUSH, owner, e, self.find(owner, e))
                     self.set_bit(e, PS_BIT)
@@ -491,7 +537,7 @@ cdef class ClusterState:
     def copy(self):
         """An independent state with the same contents (for what-if evaluation)."""
         clone = ClusterState(n_workers=self.n_workers, n_rows=self.n_rows, capacity=self.capacity,
-                             full_set=self.full_set, max_pairs=self.max_pairs)
+                             full_set=self.full_set, max_pairs=self.max_pairs, p2p=self.p2p)
         clone.holders[:] = self.holders
         clone.slot_row[:] = self.slot_row
         clone.lru_prev[:] = self.lru_prev
@@ -509,6 +555,8 @@ cdef class ClusterState:
         clone.pair_worker[:] = self.pair_worker
         clone.pair_slot[:] = self.pair_slot
         clone.pair_need[:] = self.pair_need
+        clone.pair_source[:] = self.pair_source
+        clone.pair_source_slot[:] = self.pair_source_slot
         clone.need_trainers[:] = self.need_trainers
         clone.worker_start[:] = self.worker_start
         clone.n_pairs = self.n_pairs
@@ -531,6 +579,11 @@ cdef class ClusterState:
         n = self.n_events
         return (np.asarray(self.ev_kind[:n]).copy(), np.asarray(self.ev_worker[:n]).copy(),
                 np.asarray(self.ev_row[:n]).copy(), np.asarray(self.ev_slot[:n]).copy())
+
+    def peers(self):
+        """For the events of the last call: sending worker and its slot of P2P events, else -1."""
+        n = self.n_events
+        return np.asarray(self.ev_peer[:n]).copy(), np.asarray(self.ev_peer_slot[:n]).copy()
 
     def needs(self):
         """Current (worker, row) pairs, sorted by worker."""

@@ -17,7 +17,7 @@ import numpy as np
 from hybrid._ext.cluster_state import ClusterState
 from hybrid.allocation import capacities
 
-TRANSMISSION_KINDS = ("pull", "writeback", "accumulate", "full_set_push", "plan_push")
+TRANSMISSION_KINDS = ("pull", "writeback", "accumulate", "full_set_push", "plan_push", "p2p")
 
 
 def iteration_cost(state: ClusterState, rows: np.ndarray, alloc: np.ndarray) -> int:

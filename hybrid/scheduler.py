@@ -18,7 +18,7 @@ import numpy as np
 
 from hybrid._ext.cluster_state import KIND_NAMES, ClusterState
 from hybrid.allocation import AllocationPolicy, LaiaAllocation, RandomAllocation
-from hybrid.config import Config, LaiaVariant, Mode
+from hybrid.config import Config, LaiaVariant, Mode, SyncMode
 
 # mode -> (LAIA allocation?, full-set synchronization?)  (DESIGN.md section 7)
 MODES = {
@@ -41,7 +41,7 @@ class BatchPlan:
     allocation: np.ndarray  # int32 worker per sample
     counts: dict  # events of train + plan by kind
     timing: dict  # seconds: scoring, allocation, state_update, plan
-    events: Optional[tuple] = None  # (kind, worker, row, slot) arrays: train events then plan events
+    events: Optional[tuple] = None  # (kind, worker, row, slot, peer, peer_slot): train then plan events
     n_train_events: int = 0
 
     @property
@@ -96,8 +96,12 @@ class Scheduler:
         if config.cache.policy.value != "lru":
             raise SchedulerError(f"cache.policy={config.cache.policy.value} is not implemented yet; use lru")
         uses_laia, full_set = MODES[mode]
+        p2p = config.scheduler.sync is SyncMode.p2p
+        if p2p and full_set:
+            raise SchedulerError(f"scheduler.sync=p2p needs an on-demand mode (plan or herald), "
+                                 f"not {mode.value}")
         state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=full_set,
-                             max_pairs=n_workers * per_worker * n_tables)
+                             max_pairs=n_workers * per_worker * n_tables, p2p=p2p)
         if not uses_laia:
             policy = RandomAllocation(n_workers, config.seed)
         else:
@@ -133,7 +137,7 @@ class Scheduler:
             timing = dict(self._timing)
             start = time.perf_counter()
             counts = self.state.train()
-            train_events = self.state.events() if self.record_events else None
+            train_events = self.state.events() + self.state.peers() if self.record_events else None
             timing["state_update"] = time.perf_counter() - start
             upcoming = next(iterator, None)
             if upcoming is not None:
@@ -146,7 +150,7 @@ class Scheduler:
             counts = {k: counts[k] + planned[k] for k in KIND_NAMES}
             events, n_train = None, 0
             if self.record_events:
-                plan_events = self.state.events()
+                plan_events = self.state.events() + self.state.peers()
                 events = tuple(np.concatenate([a, b]) for a, b in zip(train_events, plan_events))
                 n_train = len(train_events[0])
             yield BatchPlan(step=step, allocation=alloc, counts=counts, timing=timing, events=events,

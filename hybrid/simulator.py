@@ -47,6 +47,7 @@ class ModeCounts:
     def add(self, plan) -> None:
         self.iterations += 1
         self.pulls += plan.counts["pull"]
+        self.p2p += plan.counts["p2p"]
         self.pushes += sum(plan.counts[k] for k in PUSH_KINDS)
         self.needed += plan.needed
         for kind, n in plan.counts.items():

@@ -9,8 +9,8 @@ PS = "PS"
 
 
 class OracleState:
-    def __init__(self, n_workers, n_rows, capacity, full_set):
-        self.n, self.capacity, self.full_set = n_workers, capacity, full_set
+    def __init__(self, n_workers, n_rows, capacity, full_set, p2p=False):
+        self.n, self.capacity, self.full_set, self.p2p = n_workers, capacity, full_set, p2p
         self.holders = [{PS} for _ in range(n_rows)]
         self.caches = [OrderedDict() for _ in range(n_workers)]  # row -> slot, LRU first
         self.free = [list(range(capacity)) for _ in range(n_workers)]
@@ -32,16 +32,26 @@ class OracleState:
                 self.trainers.setdefault(e, set()).add(w)
 
     def train(self):
-        events = []
+        events, self.peers = [], []
+        sources = {}  # (receiver, row) -> (sender, sender's slot): P2P, decided before any eviction
+        if self.p2p:
+            for v, rows_v in enumerate(self.needs):
+                for e in rows_v:
+                    holders = self.holders[e]
+                    if len(holders) == 1 and PS not in holders and v not in holders:
+                        (owner,) = holders
+                        sources[v, e] = (owner, self.caches[owner][e])
+                        holders.add(v)
         for w, rows_w in enumerate(self.needs):
             cache = self.caches[w]
             for e in rows_w:  # pin: touch cached rows needed now
                 if e in cache:
                     cache.move_to_end(e)
             for e in rows_w:
-                if w in self.holders[e]:
-                    continue
-                assert PS in self.holders[e], f"row {e} needed by {w} is not at the PS"
+                if (w, e) not in sources:
+                    if w in self.holders[e]:
+                        continue
+                    assert PS in self.holders[e], f"row {e} needed by {w} is not at the PS"
                 if e not in cache:
                     if self.free[w]:
                         slot = self.free[w].pop(0)
@@ -55,8 +65,12 @@ class OracleState:
                             self.holders[victim].discard(w)
                         del cache[victim]
                     cache[e] = slot
-                events.append(("pull", w, e, cache[e]))
-                self.holders[e].add(w)
+                if (w, e) in sources:
+                    events.append(("p2p", w, e, cache[e]))
+                    self.peers.append(sources[w, e])
+                else:
+                    events.append(("pull", w, e, cache[e]))
+                    self.holders[e].add(w)
         for w, rows_w in enumerate(self.needs):
             for e in rows_w:
                 slot = self.caches[w][e]
@@ -77,6 +91,8 @@ class OracleState:
         for v, rows_v in enumerate(self.needs):
             for e in rows_v:
                 holders = self.holders[e]
+                if self.p2p and len(self.trainers[e]) == 1:
+                    continue  # sent peer to peer when the next iteration starts
                 if len(holders) == 1 and PS not in holders:
                     (owner,) = holders
                     if owner != v:

@@ -27,8 +27,8 @@ def instances(draw, max_workers=5):
             for _ in range(iterations)]
     balanced = [w for w in range(n_workers) for _ in range(per_worker)]  # the scheduler's capacity |B|/n
     allocs = [np.array(draw(st.permutations(balanced)), dtype=np.int32) for _ in range(iterations)]
-    full_set = draw(st.booleans())
-    return n_workers, n_rows, capacity, full_set, rows, allocs
+    sync = draw(st.sampled_from(["full_set", "ps", "p2p"]))
+    return n_workers, n_rows, capacity, sync, rows, allocs
 
 
 def _events(state):
@@ -44,10 +44,11 @@ def _oracle_holders(oracle, n_workers):
     return table
 
 
-def _run_both(n_workers, n_rows, capacity, full_set, rows, allocs, check=None):
+def _run_both(n_workers, n_rows, capacity, sync, rows, allocs, check=None):
+    full_set, p2p = sync == "full_set", sync == "p2p"
     state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=full_set,
-                         max_pairs=rows[0].size)
-    oracle = OracleState(n_workers, n_rows, capacity, full_set)
+                         max_pairs=rows[0].size, p2p=p2p)
+    oracle = OracleState(n_workers, n_rows, capacity, full_set, p2p)
     state.set_needs(rows[0], allocs[0])
     oracle.set_needs(rows[0], allocs[0])
     for t in range(len(rows)):
@@ -55,6 +56,11 @@ def _run_both(n_workers, n_rows, capacity, full_set, rows, allocs, check=None):
         state.train()
         trained = _events(state)
         assert trained == oracle.train()
+        senders, sender_slots = state.peers()
+        is_p2p = np.array([kind == "p2p" for kind, *_ in trained], dtype=bool)
+        assert list(zip(senders[is_p2p].tolist(), sender_slots[is_p2p].tolist())) == oracle.peers
+        assert (senders[~is_p2p] == -1).all()
+        sent = {(int(w), e) for w, (kind, _, e, _) in zip(senders, trained) if kind == "p2p"}
         nxt = (rows[t + 1], allocs[t + 1]) if t + 1 < len(rows) else (None, None)
         state.plan(*nxt)
         planned = _events(state)
@@ -65,7 +71,7 @@ def _run_both(n_workers, n_rows, capacity, full_set, rows, allocs, check=None):
             assert cached == dict(oracle.caches[w])
             assert [state.cache_rows(w)[s] for s in state.lru_order(w)] == list(reversed(oracle.caches[w]))
         if check:
-            check(state, t, before, trained, planned, rows, allocs)
+            check(state, t, before, trained, planned, rows, allocs, sent)
     return state
 
 
@@ -81,7 +87,7 @@ def test_more_than_64_workers_use_multiword_holder_sets(instance):
     _run_both(*instance)
 
 
-def _invariants(state, t, before, trained, planned, rows, allocs):
+def _invariants(state, t, before, trained, planned, rows, allocs, sent):
     n_workers = state.n_workers
     after = state.holder_sets()
     assert after.any(axis=1).all(), "every row has a holder of its latest value"
@@ -106,13 +112,21 @@ def _invariants(state, t, before, trained, planned, rows, allocs):
         for e in np.flatnonzero(before[:, w + 1]):
             dirty_before = before[e].sum() == 1
             if dirty_before and state.slot_of(w, int(e)) < 0:
-                assert (w, int(e)) in written_back, "an evicted dirty row is written back"
+                assert (w, int(e)) in written_back | sent, "an evicted dirty row is written back (or sent)"
     if t + 1 < len(rows):
+        needers = {}
         for i, v in enumerate(allocs[t + 1]):
             for e in rows[t + 1][i]:
-                holders = after[int(e)]
-                dirty_elsewhere = holders.sum() == 1 and not holders[0] and not holders[v + 1]
-                assert not dirty_elsewhere, "a row needed by another worker in t+1 is not left dirty"
+                needers.setdefault(int(e), set()).add(int(v))
+        for e, vs in needers.items():
+            holders = after[e]
+            owner = np.flatnonzero(holders[1:])
+            if holders.sum() == 1 and not holders[0]:  # dirty on one worker
+                others = vs - {int(owner[0])}
+                if state.p2p:  # only a single other worker may take it peer to peer
+                    assert not others or (len(vs) == 1), "a row several workers need in t+1 is pushed"
+                else:
+                    assert not others, "a row needed by another worker in t+1 is not left dirty"
 
 
 @settings(max_examples=200, deadline=None)
@@ -147,6 +161,23 @@ def test_full_set_mode_never_leaves_dirty_rows():
     assert state.train()["full_set_push"] == 2
     assert state.plan(rows, np.array([1, 0], dtype=np.int32))["plan_push"] == 0
     assert state.holder_sets()[2].tolist() == [True, True, False]
+
+
+def test_p2p_sends_a_row_one_other_worker_needs_directly():
+    state = ClusterState(n_workers=3, n_rows=8, capacity=4, full_set=False, max_pairs=3, p2p=True)
+    state.set_needs(np.array([[5], [6], [7]], dtype=np.int64), np.array([0, 1, 2], dtype=np.int32))
+    state.train()  # 5 dirty on 0, 6 on 1, 7 on 2
+    # next: worker 1 alone needs 5 (P2P 0 -> 1); workers 0 and 2 both need 6 (PS push by 1)
+    planned = state.plan(np.array([[6], [5], [6]], dtype=np.int64), np.array([0, 1, 2], dtype=np.int32))
+    assert planned["plan_push"] == 1
+    counts = state.train()
+    assert counts["p2p"] == 1 and counts["pull"] == 2
+    kind, worker, row, slot = state.events()
+    senders, sender_slots = state.peers()
+    p2p = np.flatnonzero(kind == 6)[0]
+    assert (worker[p2p], row[p2p], senders[p2p], sender_slots[p2p]) == (1, 5, 0, 0)
+    with pytest.raises(ValueError, match="on-demand"):
+        ClusterState(n_workers=2, n_rows=4, capacity=2, full_set=True, max_pairs=2, p2p=True)
 
 
 def test_too_small_cache_is_a_clear_error():

@@ -39,10 +39,21 @@ def test_plans_carry_executable_events(criteo_like):
     config = _config(criteo_like)
     scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, record_events=True)
     plan = next(scheduler.plans(b.sparse for b in store.batches(config.global_batch)))
-    kind, worker, row, slot = plan.events
+    kind, worker, row, slot, peer, peer_slot = plan.events
     assert len(kind) == sum(plan.counts.values())
     assert (slot >= 0).all() and (slot < scheduler.state.capacity).all()
     assert np.array_equal(np.bincount(plan.allocation, minlength=4), [16] * 4)
+
+
+def test_p2p_trades_push_and_pull_pairs_for_single_sends(criteo_like):
+    store = BatchStore(criteo_like)
+    ps = simulate(_config(criteo_like), [Mode.herald], iterations=150)[Mode.herald]
+    p2p = simulate(_config(criteo_like, "scheduler.sync=p2p"), [Mode.herald], iterations=150)[Mode.herald]
+    assert p2p.p2p > 0
+    assert p2p.transmissions < ps.transmissions
+    with pytest.raises(SchedulerError, match="p2p needs an on-demand mode"):
+        Scheduler.from_config(_config(criteo_like, "scheduler.sync=p2p", "scheduler.mode=vanilla"),
+                              cardinalities=store.cardinalities)
 
 
 def test_cache_smaller_than_a_working_set_is_refused(criteo_like):
