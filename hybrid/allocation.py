@@ -115,3 +115,85 @@ def chunk_layout(n_samples: int, capacity: np.ndarray, chunks: int) -> tuple[np.
     chunk_capacity = np.stack([np.bincount(slots[starts[c]:starts[c + 1]], minlength=len(capacity))
                                for c in range(chunks)]).astype(np.int64)
     return starts, chunk_capacity
+
+
+class TableProfiler:
+    """Per-row access counts and each table's degree of infrequency (DoI).
+
+    A row seen less than once per global batch on average is *infrequent*:
+    it is usually trained by one worker and stays fresh there, which is what
+    LAIA exploits; frequent rows are needed by every worker anyway. A table's
+    DoI is the share of its cached rows that are infrequent, so high-DoI
+    tables are the ones worth scoring (DESIGN.md section 4).
+    """
+
+    def __init__(self, cardinalities):
+        cardinalities = np.asarray(cardinalities, dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64)
+        self.counts = np.zeros(int(cardinalities.sum()), dtype=np.int64)
+        self.iterations = 0
+        self._pending: list[np.ndarray] = []
+
+    def observe(self, rows: np.ndarray) -> None:
+        """Count one global batch (global row ids); folded into counts lazily."""
+        self._pending.append(rows.ravel())
+        self.iterations += 1
+
+    def _fold(self) -> None:
+        if self._pending:
+            ids = np.concatenate(self._pending)
+            self.counts += np.bincount(ids, minlength=len(self.counts))
+            self._pending.clear()
+
+    def degree_of_infrequency(self, cached_rows: np.ndarray) -> np.ndarray:
+        """DoI of every table over ``cached_rows`` (global ids cached by any worker)."""
+        self._fold()
+        n_tables = len(self.offsets)
+        table = np.searchsorted(self.offsets, cached_rows, side="right") - 1
+        infrequent = (self.counts[cached_rows] < self.iterations).astype(np.float64)
+        cached = np.bincount(table, minlength=n_tables)
+        return np.bincount(table, weights=infrequent, minlength=n_tables) / np.maximum(cached, 1)
+
+
+class AdaptiveLaiaAllocation(LaiaAllocation):
+    """LAIA scoring only the ``k`` tables of highest DoI.
+
+    ``k`` is fixed (``score_tables``) or the largest that fits ``budget_ms``
+    at the measured scoring cost per table. A measured budget differs between
+    ranks, so a multi-rank run must agree on it (the runtime reduces it over
+    the workers) before it feeds it in with :meth:`set_budget`. The choice is
+    revised every ``profile_every`` batches, from the batches seen so far.
+    """
+
+    def __init__(self, state, seed: int, cardinalities, *, score_tables: int = 0, budget_ms: float = 0.0,
+                 profile_every: int = 10, chunks: int | None = None, threads: int = 1):
+        super().__init__(state, seed, chunks=chunks, threads=threads)
+        self.profiler = TableProfiler(cardinalities)
+        self.n_tables = len(cardinalities)
+        self.score_tables, self.budget_ms, self.profile_every = score_tables, budget_ms, profile_every
+        self.cost_per_table_ms = 0.0
+        self.doi = np.zeros(self.n_tables)
+
+    def set_budget(self, budget_ms: float) -> None:
+        self.budget_ms = budget_ms
+
+    def table_count(self) -> int:
+        if self.score_tables:
+            return min(self.score_tables, self.n_tables)
+        if self.budget_ms <= 0 or self.cost_per_table_ms <= 0:
+            return self.n_tables
+        return int(np.clip(self.budget_ms // self.cost_per_table_ms, 1, self.n_tables))
+
+    def allocate(self, rows: np.ndarray, iteration: int) -> np.ndarray:
+        self.profiler.observe(rows)
+        if iteration % self.profile_every == 0 and iteration > 0:
+            cached = np.unique(np.concatenate([self.state.cache_rows(w) for w in range(self.n_workers)]))
+            self.doi = self.profiler.degree_of_infrequency(cached[cached >= 0])
+            order = np.argsort(-self.doi, kind="stable")
+            self.tables = np.sort(order[:self.table_count()]).astype(np.int32)
+        alloc = super().allocate(rows, iteration)
+        scored = len(self.tables) if self.tables is not None else self.n_tables
+        per_table = 1000 * self.timing["scoring"] / max(1, scored)
+        self.cost_per_table_ms = per_table if not self.cost_per_table_ms else \
+            0.9 * self.cost_per_table_ms + 0.1 * per_table
+        return alloc

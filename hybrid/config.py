@@ -133,6 +133,8 @@ class SchedulerConfig:
     threads: int = 1
     staleness: int = 0
     warmup_iterations: int = 10
+    score_tables: int = 0  # adaptive LAIA: tables to score (0 = from budget_ms, or all)
+    budget_ms: float = 0.0  # adaptive LAIA: scoring budget per batch (0 = unlimited)
 
 
 @dataclass
@@ -225,6 +227,8 @@ def validate(config: Config) -> None:
     _check(c.scheduler.staleness >= 0, "scheduler.staleness", f"must be >= 0, got {c.scheduler.staleness}")
     _check(c.scheduler.warmup_iterations >= 0, "scheduler.warmup_iterations",
            f"must be >= 0, got {c.scheduler.warmup_iterations}")
+    _check(c.scheduler.score_tables >= 0, "scheduler.score_tables", f"must be >= 0, got {c.scheduler.score_tables}")
+    _check(c.scheduler.budget_ms >= 0, "scheduler.budget_ms", f"must be >= 0, got {c.scheduler.budget_ms}")
     _check(bool(c.data.path), "data.path", "must name the store directory")
     synthetic = c.data.synthetic
     if synthetic is not None:

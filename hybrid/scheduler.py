@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 
 from hybrid._ext.cluster_state import KIND_NAMES, ClusterState
-from hybrid.allocation import AllocationPolicy, LaiaAllocation, RandomAllocation
+from hybrid.allocation import AdaptiveLaiaAllocation, AllocationPolicy, LaiaAllocation, RandomAllocation
 from hybrid.config import Config, LaiaVariant, Mode, SyncMode
 
 # mode -> (LAIA allocation?, full-set synchronization?)  (DESIGN.md section 7)
@@ -105,11 +105,13 @@ class Scheduler:
         if not uses_laia:
             policy = RandomAllocation(n_workers, config.seed)
         else:
-            variant = config.scheduler.laia
+            variant, sched = config.scheduler.laia, config.scheduler
             if variant is LaiaVariant.adaptive:
-                raise SchedulerError("scheduler.laia=adaptive is not implemented yet; use exact or chunked")
-            chunks = config.scheduler.chunks if variant is LaiaVariant.chunked else None
-            policy = LaiaAllocation(state, config.seed, chunks=chunks, threads=config.scheduler.threads)
+                policy = AdaptiveLaiaAllocation(state, config.seed, cardinalities, score_tables=sched.score_tables,
+                                                budget_ms=sched.budget_ms, threads=sched.threads)
+            else:
+                chunks = sched.chunks if variant is LaiaVariant.chunked else None
+                policy = LaiaAllocation(state, config.seed, chunks=chunks, threads=sched.threads)
         offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64)
         return cls(mode=mode, state=state, policy=policy, table_offsets=offsets, record_events=record_events)
 

@@ -5,7 +5,8 @@ from hypothesis import given, settings, strategies as st
 
 from hybrid._ext import laia
 from hybrid._ext.cluster_state import ClusterState
-from hybrid.allocation import (LaiaAllocation, RandomAllocation, capacities, chunk_layout, interleaved_slots)
+from hybrid.allocation import (AdaptiveLaiaAllocation, LaiaAllocation, RandomAllocation, TableProfiler, capacities,
+                               chunk_layout, interleaved_slots)
 from hybrid.brute_force import best_allocation, iteration_cost, scheduling_quality
 from hybrid.counter_hash import hash3
 
@@ -147,3 +148,45 @@ def test_brute_force_finds_the_obvious_optimum():
     best, cost = best_allocation(state, rows)
     assert best.tolist() == [1, 0] and cost == 0  # each sample back where its rows are dirty
     assert iteration_cost(state, rows, np.array([0, 1], dtype=np.int32)) == 8  # 4 plan pushes + 4 pulls
+
+
+def test_profiler_degree_of_infrequency():
+    profiler = TableProfiler([4, 3])  # rows 0-3 table 0, rows 4-6 table 1
+    for _ in range(4):
+        profiler.observe(np.array([[0, 4], [0, 5]], dtype=np.int64))  # row 0: 8 times, 4: 4, 5: 4
+    profiler.observe(np.array([[1, 6]], dtype=np.int64))
+    # 5 iterations: rows seen < 5 times are infrequent
+    doi = profiler.degree_of_infrequency(np.array([0, 1, 4, 5, 6]))
+    assert doi.tolist() == [0.5, 1.0]  # table 0: row 1 of rows {0, 1}; table 1: all of {4, 5, 6}
+
+
+def test_adaptive_laia_scores_the_highest_doi_tables(criteo_like):
+    from hybrid.data.store import BatchStore
+    store = BatchStore(criteo_like)
+    card = store.cardinalities
+    offsets = np.concatenate([[0], np.cumsum(card)[:-1]])
+    state = ClusterState(n_workers=4, n_rows=int(card.sum()), capacity=int(card.sum()) // 5, full_set=False,
+                         max_pairs=64 * 26)
+    adaptive = AdaptiveLaiaAllocation(state, 1, card, score_tables=4)
+    for t, batch in zip(range(21), store.batches(64)):
+        rows = batch.sparse.astype(np.int64) + offsets
+        alloc = adaptive.allocate(rows, t)
+        state.plan(rows, alloc)
+        state.train()
+    assert len(adaptive.tables) == 4
+    chosen = set(adaptive.tables.tolist())
+    assert min(adaptive.doi[list(chosen)]) >= max(np.delete(adaptive.doi, list(chosen)))
+    assert adaptive.doi[[store.table_names.index("C3")]] > adaptive.doi[[store.table_names.index("C9")]]
+
+
+def test_adaptive_laia_with_all_tables_is_laia():
+    state = ClusterState(n_workers=3, n_rows=30, capacity=30, full_set=False, max_pairs=36)
+    rng = np.random.default_rng(0)
+    laia_policy = LaiaAllocation(state, 5)
+    adaptive = AdaptiveLaiaAllocation(state, 5, [10, 10, 10])
+    for t in range(25):
+        rows = (rng.integers(0, 10, size=(12, 3)) + [0, 10, 20]).astype(np.int64)
+        expected = laia_policy.allocate(rows, t)
+        assert np.array_equal(adaptive.allocate(rows, t), expected)
+        state.plan(rows, expected)
+        state.train()

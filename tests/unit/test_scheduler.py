@@ -22,15 +22,19 @@ def _digests(config, store, iterations):
     return [plan.digest() for plan, _ in zip(scheduler.plans(batches), range(iterations))]
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "herald"])
-def test_independent_schedulers_agree_for_1000_iterations(criteo_like, mode):
+@pytest.mark.parametrize("settings", [
+    ["scheduler.mode=vanilla"],
+    ["scheduler.mode=herald", "scheduler.laia=chunked"],
+    ["scheduler.mode=herald", "scheduler.laia=adaptive", "scheduler.score_tables=6", "scheduler.sync=p2p"],
+], ids=["vanilla", "herald-chunked", "herald-adaptive-p2p"])
+def test_independent_schedulers_agree_for_1000_iterations(criteo_like, settings):
     store = BatchStore(criteo_like)
-    one = _config(criteo_like, f"scheduler.mode={mode}", "scheduler.laia=chunked", "scheduler.threads=1")
-    two = _config(criteo_like, f"scheduler.mode={mode}", "scheduler.laia=chunked", "scheduler.threads=2")
+    one = _config(criteo_like, *settings, "scheduler.threads=1")
+    two = _config(criteo_like, *settings, "scheduler.threads=2")
     first, second = _digests(one, store, 1000), _digests(two, store, 1000)
     assert len(first) == 937  # 60000 samples / 64 per batch
     assert first == second
-    other_seed = _digests(_config(criteo_like, f"scheduler.mode={mode}", "seed=4"), store, 20)
+    other_seed = _digests(_config(criteo_like, *settings, "seed=4"), store, 20)
     assert other_seed != first[:20]
 
 
