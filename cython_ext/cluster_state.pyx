@@ -21,7 +21,7 @@ One iteration ``t`` is three calls:
 Memory: per row 8 bytes of holder bits per 64 holders plus 8 bytes of
 scratch (epoch stamp and index in one word): 16 bytes per row up to 63 workers; per cache slot
 4 (row) + 8 (LRU links) + 12 (row -> slot table of 8-byte entries at load
-<= 2/3) = 24 bytes.
+<= 2/3) = 24 bytes; LFU adds 4 (the slot's frequency bucket).
 """
 import hashlib
 
@@ -37,6 +37,7 @@ cdef extern from *:
 # latency; they prefetch the row a few steps ahead to overlap the misses.
 cdef enum:
     AHEAD = 8
+    LFU_BUCKETS = 256
 
 # Event kinds recorded by train() and plan(); the runtime executes them, the
 # simulator counts them (DESIGN.md section 6).
@@ -83,10 +84,16 @@ cdef class ClusterState:
 
     # caches, flattened [worker * capacity + slot]
     cdef int32_t[::1] slot_row               # row in the slot, EMPTY if free
+    # Replacement order: per worker, frequency buckets of slots, each a list
+    # from most to least recently used. LRU is the case of one bucket; LFU
+    # evicts from the lowest non-empty bucket (counts saturate at buckets - 1).
+    cdef readonly int buckets
     cdef int32_t[::1] lru_prev
     cdef int32_t[::1] lru_next
-    cdef int32_t[::1] lru_head               # most recently used slot per worker
-    cdef int32_t[::1] lru_tail               # least recently used slot per worker
+    cdef int32_t[::1] lru_head               # [worker * buckets + f]: most recent slot of bucket f
+    cdef int32_t[::1] lru_tail               # least recent slot of bucket f
+    cdef int32_t[::1] freq                   # LFU: bucket of each slot (unused with one bucket)
+    cdef int32_t[::1] lowest                 # per worker: no non-empty bucket below this one
     cdef int32_t[::1] used                   # slots handed out per worker
     # row -> slot per worker: open addressing over slot ids, [worker * table_size + i]
     cdef int64_t[::1] table
@@ -125,7 +132,7 @@ cdef class ClusterState:
 
 
     def __init__(self, *, int n_workers, int64_t n_rows, int64_t capacity, bint full_set,
-                 int64_t max_pairs, bint p2p=False):
+                 int64_t max_pairs, bint p2p=False, str policy="lru"):
         if n_workers < 1:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
         if n_rows < 1 or n_rows >= 2**31:
@@ -150,10 +157,15 @@ cdef class ClusterState:
             self.holders[r * self.words] = 1  # L(e) = {PS}
 
         self.slot_row = np.full(n_workers * capacity, EMPTY, dtype=np.int32)
+        if policy not in ("lru", "lfu"):
+            raise ValueError(f"policy must be 'lru' or 'lfu', got {policy!r}")
+        self.buckets = 1 if policy == "lru" else LFU_BUCKETS
         self.lru_prev = np.full(n_workers * capacity, EMPTY, dtype=np.int32)
         self.lru_next = np.full(n_workers * capacity, EMPTY, dtype=np.int32)
-        self.lru_head = np.full(n_workers, EMPTY, dtype=np.int32)
-        self.lru_tail = np.full(n_workers, EMPTY, dtype=np.int32)
+        self.lru_head = np.full(n_workers * self.buckets, EMPTY, dtype=np.int32)
+        self.lru_tail = np.full(n_workers * self.buckets, EMPTY, dtype=np.int32)
+        self.freq = np.zeros(n_workers * capacity if self.buckets > 1 else 1, dtype=np.int32)
+        self.lowest = np.zeros(n_workers, dtype=np.int32)
         self.used = np.zeros(n_workers, dtype=np.int32)
         self.table_size = capacity + capacity // 2 + 1  # load <= 2/3
         self.table = np.full(n_workers * self.table_size, EMPTY, dtype=np.int64)
@@ -271,33 +283,72 @@ cdef class ClusterState:
                 i = j
         self.table[base + i] = EMPTY
 
-    # -------------------------------------------------------------------- LRU
+    # ------------------------------------------------------ replacement order
+    cdef inline int32_t bucket_of(self, int w, int32_t s) noexcept nogil:
+        return self.freq[w * self.capacity + s] if self.buckets > 1 else 0
+
     cdef inline void lru_unlink(self, int w, int32_t s) noexcept nogil:
         cdef int64_t b = w * self.capacity
+        cdef int64_t head = w * self.buckets + self.bucket_of(w, s)
         cdef int32_t p = self.lru_prev[b + s], n = self.lru_next[b + s]
         if p != EMPTY:
             self.lru_next[b + p] = n
         else:
-            self.lru_head[w] = n
+            self.lru_head[head] = n
         if n != EMPTY:
             self.lru_prev[b + n] = p
         else:
-            self.lru_tail[w] = p
+            self.lru_tail[head] = p
 
     cdef inline void lru_push_front(self, int w, int32_t s) noexcept nogil:
         cdef int64_t b = w * self.capacity
+        cdef int32_t f = self.bucket_of(w, s)
+        cdef int64_t head = w * self.buckets + f
         self.lru_prev[b + s] = EMPTY
-        self.lru_next[b + s] = self.lru_head[w]
-        if self.lru_head[w] != EMPTY:
-            self.lru_prev[b + self.lru_head[w]] = s
+        self.lru_next[b + s] = self.lru_head[head]
+        if self.lru_head[head] != EMPTY:
+            self.lru_prev[b + self.lru_head[head]] = s
         else:
-            self.lru_tail[w] = s
-        self.lru_head[w] = s
+            self.lru_tail[head] = s
+        self.lru_head[head] = s
+        if f < self.lowest[w]:
+            self.lowest[w] = f
 
     cdef inline void lru_touch(self, int w, int32_t s) noexcept nogil:
-        if self.lru_head[w] != s:
-            self.lru_unlink(w, s)
-            self.lru_push_front(w, s)
+        """An access: most recent in LRU; one bucket up (most recent there) in LFU."""
+        cdef int64_t b = w * self.capacity
+        if self.buckets == 1:
+            if self.lru_head[w] != s:
+                self.lru_unlink(w, s)
+                self.lru_push_front(w, s)
+            return
+        self.lru_unlink(w, s)
+        if self.freq[b + s] < self.buckets - 1:
+            self.freq[b + s] += 1
+        self.lru_push_front(w, s)
+
+    cdef inline void lru_insert(self, int w, int32_t s) noexcept nogil:
+        """A newly cached row: accessed once."""
+        if self.buckets > 1:
+            self.freq[w * self.capacity + s] = 1
+        self.lru_push_front(w, s)
+
+    cdef inline int32_t victim(self, int w) noexcept nogil:
+        """Least recent slot of the lowest bucket whose least recent row is not needed now.
+
+        With one bucket the tail is never needed now (needed rows were touched
+        first); in LFU a low bucket may hold only rows inserted this iteration.
+        """
+        cdef int32_t f, s
+        for f in range(self.lowest[w], self.buckets):
+            s = self.lru_tail[w * self.buckets + f]
+            if s == EMPTY:
+                if f == self.lowest[w]:
+                    self.lowest[w] = f + 1
+                continue
+            if not self.needed_by(self.slot_row[w * self.capacity + s], w):
+                return s
+        return EMPTY
 
     # ----------------------------------------------------------------- events
     cdef inline void record(self, int kind, int w, int64_t row, int32_t slot) noexcept nogil:
@@ -456,10 +507,10 @@ cdef class ClusterState:
                     s = self.used[w]
                     self.used[w] += 1
                 else:
-                    s = self.lru_tail[w]
-                    victim = self.slot_row[cbase + s]
-                    if self.needed_by(victim, w):
+                    s = self.victim(w)
+                    if s == EMPTY:
                         return self.n_rows
+                    victim = self.slot_row[cbase + s]
                     owner = self.dirty_owner(victim)
                     if owner == w:
                         self.record(K_WRITEBACK, w, victim, s)
@@ -470,7 +521,7 @@ cdef class ClusterState:
                     self.lru_unlink(w, s)
                 self.slot_row[cbase + s] = <int32_t>e
                 self.map_insert(w, e, s)
-                self.lru_push_front(w, s)
+                self.lru_insert(w, s)
                 self.pair_slot[p] = s
             if self.pair_source[p] == EMPTY:
                 self.record(K_PULL, w, e, s)
@@ -537,13 +588,16 @@ cdef class ClusterState:
     def copy(self):
         """An independent state with the same contents (for what-if evaluation)."""
         clone = ClusterState(n_workers=self.n_workers, n_rows=self.n_rows, capacity=self.capacity,
-                             full_set=self.full_set, max_pairs=self.max_pairs, p2p=self.p2p)
+                             full_set=self.full_set, max_pairs=self.max_pairs, p2p=self.p2p,
+                             policy="lru" if self.buckets == 1 else "lfu")
         clone.holders[:] = self.holders
         clone.slot_row[:] = self.slot_row
         clone.lru_prev[:] = self.lru_prev
         clone.lru_next[:] = self.lru_next
         clone.lru_head[:] = self.lru_head
         clone.lru_tail[:] = self.lru_tail
+        clone.freq[:] = self.freq
+        clone.lowest[:] = self.lowest
         clone.used[:] = self.used
         clone.table[:] = self.table
         clone.need_tag[:] = self.need_tag
@@ -605,12 +659,14 @@ cdef class ClusterState:
         return self.find(w, row)
 
     def lru_order(self, int w):
-        """Slots of worker ``w`` from most to least recently used."""
+        """Slots of worker ``w`` from last to first to be evicted (LFU: highest bucket first)."""
         order = []
-        cdef int32_t s = self.lru_head[w]
-        while s != EMPTY:
-            order.append(s)
-            s = self.lru_next[w * self.capacity + s]
+        cdef int32_t s, f
+        for f in reversed(range(self.buckets)):
+            s = self.lru_head[w * self.buckets + f]
+            while s != EMPTY:
+                order.append(s)
+                s = self.lru_next[w * self.capacity + s]
         return order
 
     def fresh_rows(self, int w):
@@ -621,6 +677,7 @@ cdef class ClusterState:
         """Hash of the whole state (holders, caches, LRU order), to compare across ranks."""
         h = hashlib.sha256()
         for array in (np.asarray(self.holders), np.asarray(self.slot_row), np.asarray(self.lru_prev),
-                      np.asarray(self.lru_next), np.asarray(self.lru_head), np.asarray(self.used)):
+                      np.asarray(self.lru_next), np.asarray(self.lru_head), np.asarray(self.used),
+                      np.asarray(self.freq)):
             h.update(array.tobytes())
         return h.hexdigest()[:16]

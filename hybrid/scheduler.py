@@ -93,15 +93,13 @@ class Scheduler:
         n_rows, n_tables = int(cardinalities.sum()), len(cardinalities)
         n_workers, per_worker = config.cluster.workers, config.train.batch_per_worker
         capacity = cache_capacity(n_rows, config.cache.ratio, per_worker, n_tables)
-        if config.cache.policy.value != "lru":
-            raise SchedulerError(f"cache.policy={config.cache.policy.value} is not implemented yet; use lru")
         uses_laia, full_set = MODES[mode]
         p2p = config.scheduler.sync is SyncMode.p2p
         if p2p and full_set:
             raise SchedulerError(f"scheduler.sync=p2p needs an on-demand mode (plan or herald), "
                                  f"not {mode.value}")
         state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=full_set,
-                             max_pairs=n_workers * per_worker * n_tables, p2p=p2p)
+                             max_pairs=n_workers * per_worker * n_tables, p2p=p2p, policy=config.cache.policy.value)
         if not uses_laia:
             policy = RandomAllocation(n_workers, config.seed)
         else:

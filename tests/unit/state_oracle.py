@@ -9,10 +9,14 @@ PS = "PS"
 
 
 class OracleState:
-    def __init__(self, n_workers, n_rows, capacity, full_set, p2p=False):
+    def __init__(self, n_workers, n_rows, capacity, full_set, p2p=False, policy="lru"):
         self.n, self.capacity, self.full_set, self.p2p = n_workers, capacity, full_set, p2p
+        self.lfu = policy == "lfu"
         self.holders = [{PS} for _ in range(n_rows)]
         self.caches = [OrderedDict() for _ in range(n_workers)]  # row -> slot, LRU first
+        self.freq = [{} for _ in range(n_workers)]  # LFU: row -> accesses (saturating at 255)
+        self.clock = 0
+        self.last = [{} for _ in range(n_workers)]  # row -> time of last access
         self.free = [list(range(capacity)) for _ in range(n_workers)]
         self.needs = None
 
@@ -47,6 +51,7 @@ class OracleState:
             for e in rows_w:  # pin: touch cached rows needed now
                 if e in cache:
                     cache.move_to_end(e)
+                    self._access(w, e, self.freq[w][e] + 1)
             for e in rows_w:
                 if (w, e) not in sources:
                     if w in self.holders[e]:
@@ -56,8 +61,8 @@ class OracleState:
                     if self.free[w]:
                         slot = self.free[w].pop(0)
                     else:
-                        victim, slot = next(iter(cache.items()))
-                        assert victim not in rows_w
+                        victim = self._victim(w, rows_w)
+                        slot = cache[victim]
                         if self.holders[victim] == {w}:
                             events.append(("writeback", w, victim, slot))
                             self.holders[victim] = {PS}
@@ -65,6 +70,7 @@ class OracleState:
                             self.holders[victim].discard(w)
                         del cache[victim]
                     cache[e] = slot
+                    self._access(w, e, 1)
                 if (w, e) in sources:
                     events.append(("p2p", w, e, cache[e]))
                     self.peers.append(sources[w, e])
@@ -84,6 +90,20 @@ class OracleState:
                     events.append(("local", w, e, slot))
                     self.holders[e] = {w}
         return events
+
+    def _access(self, w, e, count):
+        self.clock += 1
+        self.freq[w][e] = min(count, 255) if self.lfu else 0
+        self.last[w][e] = self.clock
+
+    def _victim(self, w, pinned):
+        """Least frequently (LFU) or least recently used row that is not needed now."""
+        candidates = [e for e in self.caches[w] if e not in pinned]
+        return min(candidates, key=lambda e: (self.freq[w][e], self.last[w][e]))
+
+    def eviction_order(self, w):
+        """Rows from last to first to be evicted."""
+        return sorted(self.caches[w], key=lambda e: (self.freq[w][e], self.last[w][e]), reverse=True)
 
     def plan(self, rows, alloc):
         self.set_needs(rows, alloc)

@@ -28,7 +28,8 @@ def instances(draw, max_workers=5):
     balanced = [w for w in range(n_workers) for _ in range(per_worker)]  # the scheduler's capacity |B|/n
     allocs = [np.array(draw(st.permutations(balanced)), dtype=np.int32) for _ in range(iterations)]
     sync = draw(st.sampled_from(["full_set", "ps", "p2p"]))
-    return n_workers, n_rows, capacity, sync, rows, allocs
+    policy = draw(st.sampled_from(["lru", "lfu"]))
+    return n_workers, n_rows, capacity, sync, rows, allocs, policy
 
 
 def _events(state):
@@ -44,11 +45,11 @@ def _oracle_holders(oracle, n_workers):
     return table
 
 
-def _run_both(n_workers, n_rows, capacity, sync, rows, allocs, check=None):
+def _run_both(n_workers, n_rows, capacity, sync, rows, allocs, policy, check=None):
     full_set, p2p = sync == "full_set", sync == "p2p"
     state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=full_set,
-                         max_pairs=rows[0].size, p2p=p2p)
-    oracle = OracleState(n_workers, n_rows, capacity, full_set, p2p)
+                         max_pairs=rows[0].size, p2p=p2p, policy=policy)
+    oracle = OracleState(n_workers, n_rows, capacity, full_set, p2p, policy)
     state.set_needs(rows[0], allocs[0])
     oracle.set_needs(rows[0], allocs[0])
     for t in range(len(rows)):
@@ -69,7 +70,7 @@ def _run_both(n_workers, n_rows, capacity, sync, rows, allocs, check=None):
         for w in range(n_workers):
             cached = {int(e): s for s, e in enumerate(state.cache_rows(w)) if e >= 0}
             assert cached == dict(oracle.caches[w])
-            assert [state.cache_rows(w)[s] for s in state.lru_order(w)] == list(reversed(oracle.caches[w]))
+            assert [state.cache_rows(w)[s] for s in state.lru_order(w)] == oracle.eviction_order(w)
         if check:
             check(state, t, before, trained, planned, rows, allocs, sent)
     return state
@@ -178,6 +179,18 @@ def test_p2p_sends_a_row_one_other_worker_needs_directly():
     assert (worker[p2p], row[p2p], senders[p2p], sender_slots[p2p]) == (1, 5, 0, 0)
     with pytest.raises(ValueError, match="on-demand"):
         ClusterState(n_workers=2, n_rows=4, capacity=2, full_set=True, max_pairs=2, p2p=True)
+
+
+def test_lfu_keeps_frequent_rows_that_lru_would_evict():
+    rows = [np.array([[r]], dtype=np.int64) for r in (1, 1, 1, 2, 3)]  # row 1 three times, then 2, 3
+    kept = {}
+    for policy in ("lru", "lfu"):
+        state = ClusterState(n_workers=1, n_rows=5, capacity=2, full_set=True, max_pairs=1, policy=policy)
+        for batch in rows:
+            state.plan(batch, np.zeros(1, dtype=np.int32))
+            state.train()
+        kept[policy] = sorted(int(r) for r in state.cache_rows(0))
+    assert kept == {"lru": [2, 3], "lfu": [1, 3]}
 
 
 def test_too_small_cache_is_a_clear_error():
