@@ -185,6 +185,19 @@ def cmd_bench(args) -> int:
         if args.json:
             print(json.dumps([row.to_dict() for row in rows]))
         return 0
+    if args.name == "quality":
+        from hybrid.bench import quality_bench
+
+        workers = args.workers[0] if args.workers != (8, 16, 64, 128) else 4
+        result = quality_bench.run(workers=workers, iterations=args.iterations)
+        print(f"{result['iterations']} batches of {workers} samples ({result['rows']} rows, "
+              f"{result['capacity']} cache slots): brute force / policy transmissions")
+        for name in ("laia", "random"):
+            r = result[name]
+            print(f"  {name:<7} {r['brute_force']:>8} / {r['transmissions']:>8} = {r['quality']:.3f}")
+        if args.json:
+            print(json.dumps(result))
+        return 0
     print(f"hybrid bench {args.name}: not implemented yet (see the open issues)", file=sys.stderr)
     return EXIT_NOT_IMPLEMENTED
 
@@ -243,8 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("bench", help="benchmarks: scheduler (ps: not implemented yet)")
-    p.add_argument("name", choices=["scheduler", "ps"])
+    p = sub.add_parser("bench", help="benchmarks: scheduler, quality (ps: not implemented yet)")
+    p.add_argument("name", choices=["scheduler", "quality", "ps"])
     p.add_argument("--workers", type=_int_list, default=(8, 16, 64, 128))
     p.add_argument("--threads", type=_int_list, default=(1, 2))
     p.add_argument("--batch-per-worker", type=_int_list, default=(128,))
