@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from hybrid._ext import laia
-from hybrid.counter_hash import hash3, stream_id
+from hybrid.counter_hash import hash3, mix64, stream_id
 
 
 def capacities(n_samples: int, n_workers: int) -> np.ndarray:
@@ -50,13 +50,18 @@ class RandomAllocation(AllocationPolicy):
     def __init__(self, n_workers: int, seed: int):
         super().__init__(n_workers)
         self.seed = seed
+        self._slots: dict[int, np.ndarray] = {}  # batch size -> interleaved slots
+        self._stream = stream_id("random-allocation")
 
     def allocate(self, rows: np.ndarray, iteration: int) -> np.ndarray:
         start = time.perf_counter()
         n = len(rows)
-        keys = hash3(self.seed, stream_id("random-allocation", iteration), np.arange(n, dtype=np.uint64))
+        if n not in self._slots:
+            self._slots[n] = interleaved_slots(capacities(n, self.n_workers))
+        stream = int(mix64(np.uint64(self._stream) ^ np.uint64(iteration)))  # = stream_id("random-allocation", it)
+        keys = hash3(self.seed, stream, np.arange(n, dtype=np.uint64))
         alloc = np.empty(n, dtype=np.int32)
-        alloc[np.argsort(keys, kind="stable")] = interleaved_slots(capacities(n, self.n_workers))
+        alloc[np.argsort(keys, kind="stable")] = self._slots[n]
         self.timing = {"scoring": 0.0, "allocation": time.perf_counter() - start}
         return alloc
 
