@@ -74,3 +74,17 @@ def test_bad_yaml_file_names_file_and_key(tmp_path):
         load_config(path)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_smoke_caches_hold_a_working_set():
+    """Every smoke workload can be simulated and trained with its own cache ratio."""
+    from hybrid.data.synthetic import PROFILES, SyntheticGenerator
+    from hybrid.scheduler import cache_capacity
+
+    for path in CONFIGS:
+        if path.stem.endswith("smoke"):
+            config = load_config(path)
+            spec = config.data.synthetic
+            cardinalities = SyntheticGenerator(PROFILES[spec.like], rows=1, scale=spec.scale).cardinalities
+            cache_capacity(sum(cardinalities), config.cache.ratio, config.train.batch_per_worker,
+                           len(cardinalities))
