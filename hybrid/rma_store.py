@@ -1,0 +1,183 @@
+"""Embedding tables in MPI one-sided windows on the PS ranks (DESIGN.md section 2).
+
+PS ranks are passive: each allocates its shard of rows with
+``MPI.Win.Allocate`` (displacement unit = one row) and otherwise only waits
+in collectives. Workers read rows with ``Get``, write exclusive rows with
+``Put`` and add shared gradients with ``Accumulate(op=SUM)``. Rows are split
+over the PS ranks in contiguous ranges of the global row space.
+
+A batched operation issues one RMA call per PS rank, whatever the number of
+rows: the scattered target rows are described by one indexed datatype
+(blocks of one row at the rows' displacements), the origin side is a
+contiguous staging buffer. Operations return a :class:`Handle`; ``wait()``
+completes them (``Flush``) and, for reads, scatters the rows into place.
+Workers hold a shared passive-target epoch (``Lock_all``) for the store's
+whole life; ``close()`` ends it and frees the window collectively.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+_MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
+
+
+@dataclass(frozen=True)
+class RowRanges:
+    """Contiguous row ranges of ``n_rows`` over ``n_shards`` PS ranks."""
+
+    n_rows: int
+    n_shards: int
+
+    @property
+    def shard_rows(self) -> int:
+        return -(-self.n_rows // self.n_shards)
+
+    def shard_of(self, rows: np.ndarray) -> np.ndarray:
+        return rows // self.shard_rows
+
+    def local(self, rows: np.ndarray) -> np.ndarray:
+        return rows % self.shard_rows
+
+    def rows_of(self, shard: int) -> np.ndarray:
+        return np.arange(shard * self.shard_rows, min(self.n_rows, (shard + 1) * self.shard_rows), dtype=np.int64)
+
+
+@dataclass
+class Handle:
+    """Outstanding RMA operations; ``wait()`` completes them."""
+
+    store: "EmbeddingStore"
+    targets: list = field(default_factory=list)
+    scatter: list = field(default_factory=list)  # (destination, positions, staging) for reads
+    buffers: list = field(default_factory=list)  # origin buffers MPI may read until the flush
+    done: bool = False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        for target in self.targets:
+            self.store.win.Flush(target)
+        for destination, positions, staging in self.scatter:
+            destination[positions] = staging
+        self.buffers.clear()
+        self.done = True
+
+
+class EmbeddingStore:
+    """All embedding rows (``n_rows`` x ``dim``), sharded over ``ps_ranks`` of ``comm``.
+
+    Collective over ``comm`` (creation and :meth:`close`). ``init(rows)``
+    returns the initial values of the given global rows; each PS rank calls it
+    for its own shard.
+    """
+
+    def __init__(self, comm: MPI.Comm, ps_ranks: Sequence[int], n_rows: int, dim: int, *,
+                 dtype=np.float32, init: Callable[[np.ndarray], np.ndarray] | None = None):
+        self.comm, self.ps_ranks, self.dim = comm, list(ps_ranks), dim
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in _MPI_TYPES:
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
+        if not self.ps_ranks:
+            raise ValueError("at least one PS rank is needed")
+        self.ranges = RowRanges(n_rows, len(self.ps_ranks))
+        self.is_ps = comm.rank in self.ps_ranks
+        self.row_bytes = dim * self.dtype.itemsize
+        self.basic = _MPI_TYPES[self.dtype]
+        self.row_type = self.basic.Create_contiguous(dim).Commit()
+        local_rows = len(self.ranges.rows_of(self.ps_ranks.index(comm.rank))) if self.is_ps else 0
+        self.win = MPI.Win.Allocate(local_rows * self.row_bytes, disp_unit=self.row_bytes, comm=comm)
+        if self.is_ps and local_rows:
+            shard = np.frombuffer(self.win.tomemory(), dtype=self.dtype).reshape(local_rows, dim)
+            rows = self.ranges.rows_of(self.ps_ranks.index(comm.rank))
+            shard[:] = init(rows) if init is not None else 0
+        comm.Barrier()  # shards initialized before anyone reads
+        self._locked = not self.is_ps
+        if self._locked:
+            self.win.Lock_all()
+
+    # ------------------------------------------------------------ operations
+    def _batches(self, rows: np.ndarray):
+        """(target rank, positions in ``rows``, local rows) per PS rank, rows sorted per target."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.ranges.n_rows):
+            raise ValueError(f"rows must be in [0, {self.ranges.n_rows}), got [{rows.min()}, {rows.max()}]")
+        shard = self.ranges.shard_of(rows)
+        order = np.argsort(shard, kind="stable")
+        bounds = np.searchsorted(shard[order], np.arange(len(self.ps_ranks) + 1))
+        for s, target in enumerate(self.ps_ranks):
+            positions = order[bounds[s]:bounds[s + 1]]
+            if len(positions):
+                yield target, positions, self.ranges.local(rows[positions])
+
+    def _target_type(self, local_rows: np.ndarray) -> MPI.Datatype:
+        return self.row_type.Create_indexed_block(1, local_rows.astype(np.int32).tolist()).Commit()
+
+    def pull(self, rows: np.ndarray, out: np.ndarray) -> Handle:
+        """Start reading ``rows`` into ``out[i]`` (shape [len(rows), dim])."""
+        self._check_values(rows, out, "out")
+        handle = Handle(self)
+        for target, positions, local in self._batches(rows):
+            staging = np.empty((len(positions), self.dim), dtype=self.dtype)
+            ttype = self._target_type(local)
+            self.win.Get([staging, len(positions), self.row_type], target, target=(0, 1, ttype))
+            ttype.Free()
+            handle.targets.append(target)
+            handle.scatter.append((out, positions, staging))
+        return handle
+
+    def put(self, rows: np.ndarray, values: np.ndarray) -> Handle:
+        """Start overwriting ``rows`` with ``values`` (rows owned exclusively by the caller)."""
+        return self._write(rows, values, accumulate=False)
+
+    def accumulate(self, rows: np.ndarray, values: np.ndarray) -> Handle:
+        """Start adding ``values`` to ``rows`` (element-wise atomic sum at the PS)."""
+        return self._write(rows, values, accumulate=True)
+
+    def _write(self, rows, values, accumulate: bool) -> Handle:
+        self._check_values(rows, values, "values")
+        handle = Handle(self)
+        for target, positions, local in self._batches(rows):
+            staging = np.ascontiguousarray(values[positions], dtype=self.dtype)
+            ttype = self._target_type(local)
+            origin = [staging, len(positions), self.row_type]
+            if accumulate:
+                self.win.Accumulate(origin, target, target=(0, 1, ttype), op=MPI.SUM)
+            else:
+                self.win.Put(origin, target, target=(0, 1, ttype))
+            ttype.Free()
+            handle.targets.append(target)
+            handle.buffers.append(staging)
+        return handle
+
+    def _check_values(self, rows, array, name) -> None:
+        expected = (len(rows), self.dim)
+        if array.shape != expected or array.dtype != self.dtype:
+            raise ValueError(f"{name}: expected {expected} {self.dtype}, got {array.shape} {array.dtype}")
+
+    # --------------------------------------------------------------- whole
+    def read_all(self) -> np.ndarray:
+        """Every row, read by the calling worker (checkpoints, tests)."""
+        out = np.empty((self.ranges.n_rows, self.dim), dtype=self.dtype)
+        self.pull(np.arange(self.ranges.n_rows), out).wait()
+        return out
+
+    def close(self) -> None:
+        """End the epoch and free the window (collective)."""
+        if self.win is None:
+            return
+        if self._locked:
+            self.win.Unlock_all()
+        self.comm.Barrier()
+        self.win.Free()
+        self.row_type.Free()
+        self.win = None
+
+    def __enter__(self) -> "EmbeddingStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,81 @@
+"""The RMA embedding store across ranks: reads, exclusive writes, concurrent sums."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hybrid.embedding_init import initial_rows
+from hybrid.rma_store import EmbeddingStore, RowRanges
+
+N_ROWS, DIM = 103, 6
+
+
+def _init(rows):
+    return initial_rows(7, rows, DIM, np.float64)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("n_ps", [1, 2])
+def test_workers_read_sum_and_overwrite_rows_of_every_shard(n_ps):
+    world = MPI.COMM_WORLD
+    if world.size - n_ps < 1:
+        pytest.skip("needs a worker")
+    ps_ranks = list(range(world.size - n_ps, world.size))
+    workers = [r for r in range(world.size) if r not in ps_ranks]
+    store = EmbeddingStore(world, ps_ranks, N_ROWS, DIM, dtype=np.float64, init=_init)
+    rows = np.array([0, 102, 51, 52, 5, 99, 50], dtype=np.int64)  # spans both shards, unsorted
+    if world.rank in workers:
+        got = np.empty((len(rows), DIM))
+        store.pull(rows, got).wait()
+        assert np.array_equal(got, _init(rows))
+        # every worker adds (its rank + 1) to shared rows, concurrently
+        store.accumulate(rows, np.full((len(rows), DIM), world.rank + 1.0)).wait()
+    world.Barrier()
+    if world.rank == workers[0]:
+        summed = np.empty((len(rows), DIM))
+        store.pull(rows, summed).wait()
+        assert np.allclose(summed, _init(rows) + sum(w + 1.0 for w in workers), rtol=0, atol=1e-12)
+        exclusive = np.array([3, 60], dtype=np.int64)
+        store.put(exclusive, np.full((2, DIM), -4.0)).wait()
+        everything = store.read_all()
+        assert (everything[[3, 60]] == -4.0).all()
+        untouched = np.setdiff1d(np.arange(N_ROWS), np.concatenate([rows, exclusive]))
+        assert np.array_equal(everything[untouched], _init(untouched))
+    store.close()
+    world.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_worker_sees_the_same_table_after_a_barrier():
+    world = MPI.COMM_WORLD
+    store = EmbeddingStore(world, [world.size - 1], N_ROWS, DIM, dtype=np.float32,
+                           init=lambda rows: initial_rows(1, rows, DIM, np.float32))
+    digest = None
+    if world.rank != world.size - 1:
+        mine = np.arange(world.rank, N_ROWS, world.size - 1)
+        store.accumulate(mine, np.ones((len(mine), DIM), np.float32)).wait()
+    world.Barrier()
+    if world.rank != world.size - 1:
+        digest = store.read_all().tobytes()
+    seen = [d for d in world.allgather(digest) if d is not None]
+    assert len(seen) == world.size - 1 and len(set(seen)) == 1
+    store.close()
+
+
+def test_row_ranges_cover_every_row_once():
+    ranges = RowRanges(103, 4)
+    covered = np.concatenate([ranges.rows_of(s) for s in range(4)])
+    assert np.array_equal(covered, np.arange(103))
+    rows = np.arange(103)
+    assert np.array_equal(ranges.shard_of(rows) * ranges.shard_rows + ranges.local(rows), rows)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_requests_are_explained():
+    world = MPI.COMM_WORLD
+    store = EmbeddingStore(world, [world.size - 1], 10, DIM)
+    if world.rank == 0:
+        with pytest.raises(ValueError, match=r"rows must be in \[0, 10\)"):
+            store.pull(np.array([10]), np.empty((1, DIM), np.float32))
+        with pytest.raises(ValueError, match="expected"):
+            store.put(np.array([1]), np.empty((1, DIM + 1), np.float32))
+    store.close()
