@@ -14,22 +14,24 @@ from hybrid.data.synthetic import synthesize
 
 
 @pytest.mark.mpi(min_size=3)
-def test_horovod_allreduces_over_a_worker_subcommunicator():
-    """The set-up built Horovod with MPI: hvd.init(comm=...) on all ranks but the last (the 'PS')."""
-    import horovod.torch as hvd
+def test_horovod_allreduces_over_the_workers_only():
+    """The set-up built Horovod with MPI; PS ranks stay out of the workers' allreduce."""
     import torch
     from mpi4py import MPI
 
+    from hybrid.comm import init_horovod, split_roles
+
     world = MPI.COMM_WORLD
-    is_worker = world.rank < world.size - 1
-    workers = world.Split(0 if is_worker else 1, world.rank)
-    if is_worker:
-        hvd.init(comm=workers)
+    roles = split_roles(world.size - 1, 1)
+    hvd = init_horovod(roles)
+    if roles.is_ps:
+        assert hvd is None
+    else:
         total = hvd.allreduce(torch.tensor([float(world.rank + 1)], dtype=torch.float64), op=hvd.Sum)
-        assert hvd.size() == world.size - 1
+        assert hvd.size() == world.size - 1 and hvd.rank() == roles.worker
         assert total.item() == sum(range(1, world.size))
         hvd.shutdown()
-    workers.Free()
+    roles.free()
     world.Barrier()
 
 

@@ -1,0 +1,93 @@
+"""Process roles and the collectives the runtime needs (DESIGN.md section 2).
+
+``COMM_WORLD`` is split into workers (ranks ``0 .. n-1``: worker ``w`` is
+world rank ``w``) and PS ranks (the last ``n_ps`` ranks). Horovod is
+initialized on the workers' communicator only, so PS ranks never join an
+allreduce. Before anything else, every rank checks that all ranks resolved
+the same config and read the same data: a mismatch would deadlock or
+silently diverge, so it stops every rank with one message instead.
+
+This module and ``rma_store`` (the windows) are the only ones that touch
+MPI; Horovod is imported here, lazily, so data tools run without it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+
+class RoleError(ValueError):
+    """The job was launched with a rank count that cannot fit the config."""
+
+
+class AgreementError(RuntimeError):
+    """Ranks disagree on something that must be identical everywhere."""
+
+
+@dataclass(frozen=True)
+class Roles:
+    world: MPI.Comm
+    n_workers: int
+    n_ps: int
+    workers: MPI.Comm  # MPI.COMM_NULL on PS ranks
+
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def is_ps(self) -> bool:
+        return self.world.rank >= self.n_workers
+
+    @property
+    def worker(self) -> int | None:
+        """This rank's worker index, or None on a PS rank."""
+        return None if self.is_ps else self.world.rank
+
+    @property
+    def ps_ranks(self) -> list[int]:
+        return list(range(self.n_workers, self.n_workers + self.n_ps))
+
+    def free(self) -> None:
+        if self.workers != MPI.COMM_NULL:
+            self.workers.Free()
+
+
+def split_roles(n_workers: int, n_ps: int, world: MPI.Comm = MPI.COMM_WORLD) -> Roles:
+    """Split ``world`` into ``n_workers`` workers and ``n_ps`` PS ranks (collective)."""
+    if n_workers < 1 or n_ps < 1:
+        raise RoleError(f"need at least one worker and one PS rank, got {n_workers} and {n_ps}")
+    if world.size != n_workers + n_ps:
+        raise RoleError(f"the config asks for cluster.workers={n_workers} + cluster.ps={n_ps} = "
+                        f"{n_workers + n_ps} ranks, but {world.size} were started; launch with "
+                        f"-n {n_workers + n_ps} or change cluster.workers")
+    is_worker = world.rank < n_workers
+    workers = world.Split(0 if is_worker else MPI.UNDEFINED, world.rank)
+    return Roles(world=world, n_workers=n_workers, n_ps=n_ps, workers=workers)
+
+
+def check_agreement(world: MPI.Comm, **values: str) -> None:
+    """Raise :class:`AgreementError` on every rank unless all ranks passed equal values (collective)."""
+    everyone = world.allgather(values)
+    for key in values:
+        seen = [v.get(key) for v in everyone]
+        if len(set(seen)) > 1:
+            groups: dict = {}
+            for rank, value in enumerate(seen):
+                groups.setdefault(value, []).append(rank)
+            detail = "; ".join(f"ranks {ranks}: {value}" for value, ranks in groups.items())
+            raise AgreementError(f"ranks disagree on {key} ({detail}); every rank must use the same "
+                                 f"config file, overrides and data store")
+
+
+def init_horovod(roles: Roles):
+    """``hvd.init`` on the workers' communicator; returns the module (None on PS ranks)."""
+    if roles.is_ps:
+        return None
+    import horovod.torch as hvd
+
+    hvd.init(comm=roles.workers)
+    if hvd.size() != roles.n_workers:
+        raise RoleError(f"Horovod sees {hvd.size()} workers, expected {roles.n_workers}")
+    return hvd
