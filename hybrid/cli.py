@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -284,6 +285,9 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
+    except BrokenPipeError:  # the reader (e.g. `| head`) went away: not our error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ConfigError, FormatError, StoreError, ValueError, RuntimeError) as err:
         print(f"hybrid {args.command}: error: {err}", file=sys.stderr)
         return EXIT_FAILURE
