@@ -584,6 +584,26 @@ cdef class ClusterState:
                     self.set_bit(e, PS_BIT)
         return self.counts()
 
+    # ------------------------------------------------------------- flushing
+    def flush_dirty(self):
+        """Give every dirty row to the PS too (before evaluation or a checkpoint).
+
+        Returns (worker, row, slot) arrays of the rows each worker must write
+        back; afterwards the PS holds the latest value of every row.
+        """
+        workers, rows, slots = [], [], []
+        cdef int64_t e
+        cdef int owner
+        for e in range(self.n_rows):
+            owner = self.dirty_owner(e)
+            if owner >= 0:
+                workers.append(owner)
+                rows.append(e)
+                slots.append(self.find(owner, e))
+                self.set_bit(e, PS_BIT)
+        return (np.asarray(workers, dtype=np.int32), np.asarray(rows, dtype=np.int64),
+                np.asarray(slots, dtype=np.int32))
+
     # ------------------------------------------------------------ copying
     def copy(self):
         """An independent state with the same contents (for what-if evaluation)."""

@@ -212,3 +212,15 @@ def test_bad_inputs_name_what_is_wrong():
         state.train()
     with pytest.raises(ValueError, match="capacity"):
         ClusterState(n_workers=2, n_rows=10, capacity=0, full_set=False, max_pairs=4)
+
+
+def test_flush_gives_every_dirty_row_to_the_ps():
+    state = ClusterState(n_workers=2, n_rows=6, capacity=4, full_set=False, max_pairs=4)
+    state.set_needs(np.array([[1, 2], [2, 3]], dtype=np.int64), np.array([0, 1], dtype=np.int32))
+    state.train()  # 1 dirty on 0, 3 dirty on 1, 2 shared (at the PS)
+    workers, rows, slots = state.flush_dirty()
+    assert sorted(zip(workers.tolist(), rows.tolist())) == [(0, 1), (1, 3)]
+    assert all(state.slot_of(int(w), int(r)) == s for w, r, s in zip(workers, rows, slots))
+    holders = state.holder_sets()
+    assert holders[:, 0].all() and holders[1, 1] and holders[3, 2]  # PS has all; owners stay fresh
+    assert len(state.flush_dirty()[0]) == 0

@@ -1,0 +1,38 @@
+"""The single-process reference: plain torch SGD on the whole global batch.
+
+This is what every BSP mode must reproduce exactly (DESIGN.md section 9):
+the same initial embeddings and MLP, the same global batches in the same
+order, the mean loss over the global batch, SGD on embeddings and MLP.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hybrid.config import Config
+from hybrid.data.store import BatchStore
+from hybrid.embedding_init import initial_rows
+from hybrid.models import build_model
+
+
+def train_reference(config: Config, store: BatchStore, iterations: int):
+    """Final (embedding table [rows, dim], model) after ``iterations`` global batches."""
+    dtype = getattr(torch, config.model.precision.value)
+    offsets = store.table_offsets
+    n_rows = int(store.cardinalities.sum())
+    table = torch.tensor(initial_rows(config.seed, np.arange(n_rows), config.model.embedding_dim,
+                                      np.dtype(config.model.precision.value)))
+    model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.train.dense_lr)
+    batches = store.batches(config.global_batch, shuffle=config.data.shuffle, seed=config.data.shuffle_seed)
+    for _, batch in zip(range(iterations), batches):
+        rows = torch.from_numpy(batch.sparse.astype(np.int64) + offsets)
+        table.requires_grad_(True)
+        logits = model(torch.from_numpy(batch.dense).to(dtype), table[rows])
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels).to(dtype))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            table = table - config.train.embedding_lr * table.grad
+    return table.detach().numpy(), model

@@ -1,0 +1,203 @@
+"""The hybrid-parallel training loop of one rank (DESIGN.md sections 2-3).
+
+Workers train their share of each global batch: the scheduler (every worker
+runs its own, identically) says which samples are theirs and which
+embedding rows move where; this loop executes those events against the RMA
+store and the worker's cache, runs forward/backward, allreduces MLP
+gradients with Horovod and applies the embedding updates. PS ranks only
+host the store.
+
+Phase order of an iteration (every RMA phase completes before the next):
+write-backs of evicted dirty rows, pulls into their slots, forward/backward
+and MLP allreduce, embedding updates (local SGD, Accumulate of shared rows,
+full-set pushes), plan pushes, then a barrier of the workers.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+
+from hybrid._ext.cluster_state import ACCUMULATE, FULL_SET_PUSH, LOCAL, P2P, PLAN_PUSH, PULL, WRITEBACK
+from hybrid.comm import Roles, init_horovod
+from hybrid.config import Config, SyncMode
+from hybrid.data.store import BatchStore
+from hybrid.embedding_init import initial_rows
+from hybrid.models import build_model
+from hybrid.rma_store import EmbeddingStore
+from hybrid.scheduler import BatchPlan, Scheduler
+
+
+class _End:
+    """Typed end marker of the plan queue."""
+
+
+class PlanProducer:
+    """Runs the scheduler ahead of training in a thread, handing plans over a bounded queue."""
+
+    def __init__(self, scheduler: Scheduler, batches: Iterable[np.ndarray], depth: int = 2):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(scheduler, batches), daemon=True,
+                                        name="scheduler")
+        self._thread.start()
+
+    def _run(self, scheduler: Scheduler, batches) -> None:
+        try:
+            for plan in scheduler.plans(batches):
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(plan, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._queue.put(_End())
+        except BaseException as err:  # handed to the consumer, which re-raises it
+            self._queue.put(err)
+
+    def __iter__(self) -> Iterator[BatchPlan]:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, _End):
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@dataclass
+class WorkerCache:
+    """The cached embedding rows of one worker; the cluster state names the slots."""
+
+    values: np.ndarray  # [capacity, dim]
+
+
+class HybridTrainer:
+    """One rank's part of a training run; construct on every rank (collective)."""
+
+    def __init__(self, config: Config, roles: Roles, store: BatchStore):
+        if config.scheduler.sync is SyncMode.p2p:
+            raise NotImplementedError("the runtime executes PS plans; scheduler.sync=p2p runs in the simulator only")
+        self.config, self.roles, self.data = config, roles, store
+        self.dtype = np.dtype(config.model.precision.value)
+        self.torch_dtype = getattr(torch, config.model.precision.value)
+        n_rows = int(store.cardinalities.sum())
+        dim = config.model.embedding_dim
+        self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, dim, dtype=self.dtype,
+                                    init=lambda rows: initial_rows(config.seed, rows, dim, self.dtype))
+        self.hvd = init_horovod(roles)
+        if roles.is_ps:
+            return
+        self.scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, record_events=True)
+        self.cache = WorkerCache(np.zeros((self.scheduler.state.capacity, dim), dtype=self.dtype))
+        self.model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed)
+        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        self.optimizer = self.hvd.DistributedOptimizer(
+            torch.optim.SGD(self.model.parameters(), lr=config.train.dense_lr),
+            named_parameters=self.model.named_parameters(), op=self.hvd.Sum)
+
+    # -------------------------------------------------------------- training
+    def train(self, iterations: int) -> list[dict]:
+        """Run ``iterations`` global batches; returns per-iteration counts (workers) or []."""
+        if self.roles.is_ps:
+            return []
+        batches = self.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
+                                    seed=self.config.data.shuffle_seed)
+        for_scheduler, for_training = itertools.tee(itertools.islice(batches, iterations))
+        producer = PlanProducer(self.scheduler, (b.sparse for b in for_scheduler))
+        log = []
+        try:
+            for plan, batch in zip(producer, for_training):
+                self.step(plan, batch)
+                log.append(plan.counts)
+        finally:
+            producer.close()
+        return log
+
+    def step(self, plan: BatchPlan, batch) -> None:
+        me = self.roles.worker
+        kind, worker, row, slot, _, _ = plan.events
+        train = np.arange(len(kind)) < plan.n_train_events
+        mine = worker == me
+        values = self.cache.values
+
+        def of(event_kind, phase=train):
+            chosen = mine & phase & (kind == event_kind)
+            return row[chosen], slot[chosen]
+
+        if ((kind == P2P) & mine).any():
+            raise NotImplementedError("P2P events reached the runtime")
+        rows, slots = of(WRITEBACK)
+        self.table.put(rows, values[slots]).wait()
+        rows, slots = of(PULL)
+        pulled = np.empty((len(rows), values.shape[1]), dtype=self.dtype)
+        self.table.pull(rows, pulled).wait()
+        values[slots] = pulled
+
+        gradients = self.forward_backward(plan, batch, row[mine & train & self._updates(kind)],
+                                          slot[mine & train & self._updates(kind)])
+        lr = self.config.train.embedding_lr
+        handles = []
+        rows, slots = of(LOCAL)
+        values[slots] -= lr * gradients[slots]
+        rows, slots = of(ACCUMULATE)
+        handles.append(self.table.accumulate(rows, -lr * gradients[slots]))
+        rows, slots = of(FULL_SET_PUSH)
+        values[slots] -= lr * gradients[slots]
+        handles.append(self.table.put(rows, values[slots]))
+        rows, slots = of(PLAN_PUSH, ~train)
+        handles.append(self.table.put(rows, values[slots]))
+        for handle in handles:
+            handle.wait()
+        self.roles.workers.Barrier()
+
+    @staticmethod
+    def _updates(kind: np.ndarray) -> np.ndarray:
+        return (kind == LOCAL) | (kind == ACCUMULATE) | (kind == FULL_SET_PUSH)
+
+    def forward_backward(self, plan: BatchPlan, batch, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Train this worker's samples; returns the embedding gradient per cache slot."""
+        mine = np.flatnonzero(plan.allocation == self.roles.worker)
+        sample_rows = self.scheduler.global_rows(batch.sparse[mine])
+        order = np.argsort(rows)
+        sample_slots = slots[order][np.searchsorted(rows[order], sample_rows)]
+        emb = torch.from_numpy(self.cache.values[sample_slots]).requires_grad_(True)
+        dense = torch.from_numpy(batch.dense[mine]).to(self.torch_dtype)
+        labels = torch.from_numpy(batch.labels[mine]).to(self.torch_dtype)
+        logits = self.model(dense, emb)
+        # the global batch's mean loss: each worker sums its samples over the global batch size,
+        # and the MLP gradients are summed (not averaged) over the workers
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum") / len(batch)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        gradients = np.zeros_like(self.cache.values)
+        np.add.at(gradients, sample_slots.ravel(), emb.grad.numpy().reshape(-1, gradients.shape[1]))
+        return gradients
+
+    # ------------------------------------------------------------ inspection
+    def flush(self) -> None:
+        """Write every dirty row to the PS (collective over workers), e.g. before reading the table."""
+        if self.roles.is_ps:
+            return
+        workers, rows, slots = self.scheduler.state.flush_dirty()
+        mine = workers == self.roles.worker
+        self.table.put(rows[mine], self.cache.values[slots[mine]]).wait()
+        self.roles.workers.Barrier()
+
+    def close(self) -> None:
+        """Free the store (collective over all ranks)."""
+        if self.hvd is not None:
+            self.hvd.shutdown()
+        self.table.close()
