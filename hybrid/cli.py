@@ -203,6 +203,17 @@ def cmd_bench(args) -> int:
     return EXIT_NOT_IMPLEMENTED
 
 
+def cmd_train(args) -> int:
+    config = load_config(args.config, args.overrides)
+    from hybrid import train_job
+
+    summary = train_job.run(config, log_path=args.log_jsonl, summary_path=args.summary_json,
+                            progress=not args.no_progress)
+    if summary is not None:
+        print(train_job.format_summary(summary), flush=True)
+    return 0
+
+
 def cmd_not_implemented(args) -> int:
     print(f"hybrid {args.command}: not implemented yet (see the open issues)", file=sys.stderr)
     return EXIT_NOT_IMPLEMENTED
@@ -268,10 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the rows as one JSON list as the last line")
     p.set_defaults(func=cmd_bench)
 
-    for name, text in (("train", "multi-rank training"),):
-        p = sub.add_parser(name, help=f"{text} (not implemented yet)")
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=cmd_not_implemented)
+    p = sub.add_parser("train", help="multi-rank training (run under mpirun: workers + PS ranks)")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="config overrides key=value")
+    p.add_argument("--log-jsonl", help="worker 0 writes one JSON record per iteration here")
+    p.add_argument("--summary-json", help="worker 0 writes the final summary here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
     return parser
 
 

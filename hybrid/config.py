@@ -112,8 +112,8 @@ class ClusterConfig:
 class TrainConfig:
     batch_per_worker: int = 128
     iterations: int = 0
-    embedding_lr: float = 0.01
-    dense_lr: float = 0.01
+    embedding_lr: float = 0.1
+    dense_lr: float = 0.1
     dense_optimizer: DenseOptimizer = DenseOptimizer.sgd
     eval_every: int = 0
 

@@ -98,6 +98,7 @@ class EmbeddingStore:
         self._locked = not self.is_ps
         if self._locked:
             self.win.Lock_all()
+        self.rows_moved = {"pull": 0, "put": 0, "accumulate": 0}  # rows this rank moved, by operation
 
     # ------------------------------------------------------------ operations
     def _batches(self, rows: np.ndarray):
@@ -119,6 +120,7 @@ class EmbeddingStore:
     def pull(self, rows: np.ndarray, out: np.ndarray) -> Handle:
         """Start reading ``rows`` into ``out[i]`` (shape [len(rows), dim])."""
         self._check_values(rows, out, "out")
+        self.rows_moved["pull"] += len(rows)
         handle = Handle(self)
         for target, positions, local in self._batches(rows):
             staging = np.empty((len(positions), self.dim), dtype=self.dtype)
@@ -139,6 +141,7 @@ class EmbeddingStore:
 
     def _write(self, rows, values, accumulate: bool) -> Handle:
         self._check_values(rows, values, "values")
+        self.rows_moved["accumulate" if accumulate else "put"] += len(rows)
         handle = Handle(self)
         for target, positions, local in self._batches(rows):
             staging = np.ascontiguousarray(values[positions], dtype=self.dtype)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -71,9 +72,58 @@ class PlanProducer:
                 raise item
             yield item
 
+    def evaluate(self, test: BatchStore, batch_size: int = 4096) -> Optional[dict]:
+        """AUC and log loss on ``test`` after :meth:`flush`; the result on worker 0, None elsewhere.
+
+        Workers split the test samples, read their rows straight from the PS
+        (the latest model after the flush) and gather predictions to worker 0.
+        """
+        if self.roles.is_ps:
+            return None
+        from sklearn.metrics import log_loss, roc_auc_score
+
+        me, n = self.roles.worker, self.roles.n_workers
+        offsets = self.data.table_offsets
+        probabilities, labels = [], []
+        positions = np.arange(test.start, test.stop)[me::n]
+        with torch.no_grad():
+            for begin in range(0, len(positions), batch_size):
+                batch = test.gather(0, positions[begin:begin + batch_size])
+                rows = batch.sparse.astype(np.int64) + offsets
+                unique, inverse = np.unique(rows, return_inverse=True)
+                values = np.empty((len(unique), self.config.model.embedding_dim), dtype=self.dtype)
+                self.table.pull(unique, values).wait()
+                emb = torch.from_numpy(values[inverse.reshape(rows.shape)])
+                logits = self.model(torch.from_numpy(batch.dense).to(self.torch_dtype), emb)
+                probabilities.append(torch.sigmoid(logits).numpy())
+                labels.append(batch.labels)
+        gathered = self.roles.workers.gather((np.concatenate(probabilities or [np.zeros(0)]),
+                                              np.concatenate(labels or [np.zeros(0)])), root=0)
+        if me != 0:
+            return None
+        p = np.concatenate([g[0] for g in gathered])
+        y = np.concatenate([g[1] for g in gathered])
+        if len(y) == 0 or len(np.unique(y)) < 2:
+            return {"samples": int(len(y)), "auc": float("nan"), "logloss": float("nan")}
+        return {"samples": int(len(y)), "auc": float(roc_auc_score(y, p)),
+                "logloss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7)))}
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+class _Clock:
+    """Seconds between successive laps, by stage name (the iteration time breakdown)."""
+
+    def __init__(self):
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.laps[stage] = self.laps.get(stage, 0.0) + now - self._last
+        self._last = now
 
 
 @dataclass
@@ -108,8 +158,12 @@ class HybridTrainer:
             named_parameters=self.model.named_parameters(), op=self.hvd.Sum)
 
     # -------------------------------------------------------------- training
-    def train(self, iterations: int) -> list[dict]:
-        """Run ``iterations`` global batches; returns per-iteration counts (workers) or []."""
+    def train(self, iterations: int, on_step: Optional[Callable[[dict], None]] = None) -> list[dict]:
+        """Run ``iterations`` global batches; returns one record per iteration (workers) or [].
+
+        A record holds the plan's event counts, the rows this worker moved
+        through the store (``moved``), the plan digest and the stage times.
+        """
         if self.roles.is_ps:
             return []
         batches = self.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
@@ -118,14 +172,28 @@ class HybridTrainer:
         producer = PlanProducer(self.scheduler, (b.sparse for b in for_scheduler))
         log = []
         try:
-            for plan, batch in zip(producer, for_training):
-                self.step(plan, batch)
-                log.append(plan.counts)
+            plans = iter(producer)
+            while True:
+                waited = time.perf_counter()
+                plan = next(plans, None)
+                if plan is None:
+                    break
+                batch = next(for_training)
+                before = dict(self.table.rows_moved)
+                timing = {"schedule_wait": time.perf_counter() - waited, **self.step(plan, batch)}
+                moved = {k: self.table.rows_moved[k] - before[k] for k in before}
+                record = {"step": plan.step, "counts": plan.counts, "moved": moved, "digest": plan.digest(),
+                          "timing": timing, "samples": len(batch)}
+                log.append(record)
+                if on_step is not None:
+                    on_step(record)
         finally:
             producer.close()
         return log
 
-    def step(self, plan: BatchPlan, batch) -> None:
+    def step(self, plan: BatchPlan, batch) -> dict:
+        """One iteration; returns seconds per stage."""
+        clock = _Clock()
         me = self.roles.worker
         kind, worker, row, slot, _, _ = plan.events
         train = np.arange(len(kind)) < plan.n_train_events
@@ -144,9 +212,10 @@ class HybridTrainer:
         pulled = np.empty((len(rows), values.shape[1]), dtype=self.dtype)
         self.table.pull(rows, pulled).wait()
         values[slots] = pulled
+        clock.lap("pull")
 
         gradients = self.forward_backward(plan, batch, row[mine & train & self._updates(kind)],
-                                          slot[mine & train & self._updates(kind)])
+                                          slot[mine & train & self._updates(kind)], clock)
         lr = self.config.train.embedding_lr
         handles = []
         rows, slots = of(LOCAL)
@@ -160,13 +229,17 @@ class HybridTrainer:
         handles.append(self.table.put(rows, values[slots]))
         for handle in handles:
             handle.wait()
+        clock.lap("push")
         self.roles.workers.Barrier()
+        clock.lap("barrier")
+        return clock.laps
 
     @staticmethod
     def _updates(kind: np.ndarray) -> np.ndarray:
         return (kind == LOCAL) | (kind == ACCUMULATE) | (kind == FULL_SET_PUSH)
 
-    def forward_backward(self, plan: BatchPlan, batch, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    def forward_backward(self, plan: BatchPlan, batch, rows: np.ndarray, slots: np.ndarray,
+                         clock: "_Clock") -> np.ndarray:
         """Train this worker's samples; returns the embedding gradient per cache slot."""
         mine = np.flatnonzero(plan.allocation == self.roles.worker)
         sample_rows = self.scheduler.global_rows(batch.sparse[mine])
@@ -181,7 +254,10 @@ class HybridTrainer:
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum") / len(batch)
         self.optimizer.zero_grad()
         loss.backward()
-        self.optimizer.step()
+        clock.lap("compute")
+        self.optimizer.step()  # waits for the MLP gradient allreduce
+        clock.lap("allreduce")
+        self.last_loss = float(loss.detach()) * len(batch)  # this worker's summed sample losses
         gradients = np.zeros_like(self.cache.values)
         np.add.at(gradients, sample_slots.ravel(), emb.grad.numpy().reshape(-1, gradients.shape[1]))
         return gradients
@@ -195,6 +271,42 @@ class HybridTrainer:
         mine = workers == self.roles.worker
         self.table.put(rows[mine], self.cache.values[slots[mine]]).wait()
         self.roles.workers.Barrier()
+
+    def evaluate(self, test: BatchStore, batch_size: int = 4096) -> Optional[dict]:
+        """AUC and log loss on ``test`` after :meth:`flush`; the result on worker 0, None elsewhere.
+
+        Workers split the test samples, read their rows straight from the PS
+        (the latest model after the flush) and gather predictions to worker 0.
+        """
+        if self.roles.is_ps:
+            return None
+        from sklearn.metrics import log_loss, roc_auc_score
+
+        me, n = self.roles.worker, self.roles.n_workers
+        offsets = self.data.table_offsets
+        probabilities, labels = [], []
+        positions = np.arange(test.start, test.stop)[me::n]
+        with torch.no_grad():
+            for begin in range(0, len(positions), batch_size):
+                batch = test.gather(0, positions[begin:begin + batch_size])
+                rows = batch.sparse.astype(np.int64) + offsets
+                unique, inverse = np.unique(rows, return_inverse=True)
+                values = np.empty((len(unique), self.config.model.embedding_dim), dtype=self.dtype)
+                self.table.pull(unique, values).wait()
+                emb = torch.from_numpy(values[inverse.reshape(rows.shape)])
+                logits = self.model(torch.from_numpy(batch.dense).to(self.torch_dtype), emb)
+                probabilities.append(torch.sigmoid(logits).numpy())
+                labels.append(batch.labels)
+        gathered = self.roles.workers.gather((np.concatenate(probabilities or [np.zeros(0)]),
+                                              np.concatenate(labels or [np.zeros(0)])), root=0)
+        if me != 0:
+            return None
+        p = np.concatenate([g[0] for g in gathered])
+        y = np.concatenate([g[1] for g in gathered])
+        if len(y) == 0 or len(np.unique(y)) < 2:
+            return {"samples": int(len(y)), "auc": float("nan"), "logloss": float("nan")}
+        return {"samples": int(len(y)), "auc": float(roc_auc_score(y, p)),
+                "logloss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7)))}
 
     def close(self) -> None:
         """Free the store (collective over all ranks)."""

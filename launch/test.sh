@@ -6,10 +6,11 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/launch/setup.sh"
 source "${HYBRID_VENV:-$ROOT/.venv}/bin/activate"
 cd "$ROOT"
-RANKS=${HYBRID_TEST_RANKS:-3}
-
 echo "== unit tests"
 python -m pytest -q -p no:cacheprovider tests/unit
 
-echo "== MPI tests on $RANKS ranks"
-bash launch/mpirun.sh -n "$RANKS" python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi
+# 3 ranks: 2 workers + 1 PS and 1 worker + 2 PS; 4 ranks: 3 + 1 and 2 + 2.
+for ranks in ${HYBRID_TEST_RANKS:-3 4}; do
+    echo "== MPI tests on $ranks ranks"
+    bash launch/mpirun.sh -n "$ranks" python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi
+done

@@ -1,0 +1,121 @@
+"""``hybrid train CONFIG``: one multi-rank training run, from start-up checks to the summary.
+
+Every rank runs this. Ranks first agree on the config digest and the data
+fingerprint (a mismatch stops all of them with one message), then train,
+flush dirty rows to the PS, evaluate on the held-out split and report on
+worker 0: throughput, embedding transmissions measured at the RMA store,
+hit rate, AUC/log loss and the iteration time breakdown.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from tqdm import tqdm
+
+from hybrid.comm import check_agreement, split_roles
+from hybrid.config import Config
+from hybrid.data.store import BatchStore, StoreError
+from hybrid.trainer import HybridTrainer
+
+
+def _open_stores(config: Config) -> tuple[Optional[BatchStore], Optional[BatchStore], str]:
+    """Train and test views, and the fingerprint (or the reason there is none, to agree on)."""
+    try:
+        train = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
+        test = BatchStore(config.data.path, split="test", test_fraction=config.data.test_fraction)
+        return train, test, train.fingerprint
+    except StoreError as err:
+        return None, None, f"unreadable ({err})"
+
+
+def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optional[str] = None,
+        progress: bool = True) -> Optional[dict]:
+    """Train as configured; returns the summary on worker 0 and None on other ranks."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    roles = split_roles(config.cluster.workers, config.cluster.ps, world)
+    try:
+        train, test, fingerprint = _open_stores(config)
+        check_agreement(world, config=config.digest(), data=fingerprint)
+        if train is None:
+            raise StoreError(f"{config.data.path}: {fingerprint}; every rank failed to read it")
+        iterations = config.train.iterations or train.num_batches(config.global_batch)
+        if iterations > train.num_batches(config.global_batch):
+            raise ValueError(f"train.iterations={iterations} exceeds the {train.num_batches(config.global_batch)} "
+                             f"global batches of {config.global_batch} in {config.data.path}")
+        trainer = HybridTrainer(config, roles, train)
+        try:
+            summary = _train(config, trainer, test, iterations, log_path, progress)
+        finally:
+            trainer.close()
+    finally:
+        roles.free()
+    if summary is not None and summary_path:
+        Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations: int,
+           log_path: Optional[str], progress: bool) -> Optional[dict]:
+    lead = trainer.roles.worker == 0
+    bar = tqdm(total=iterations, unit="it", desc=f"train {config.scheduler.mode.value}", file=sys.stderr,
+               disable=None if (lead and progress) else True)
+    log_file = open(log_path, "w") if (lead and log_path) else None
+
+    def on_step(record: dict) -> None:
+        bar.update(1)
+        if log_file is not None:
+            log_file.write(json.dumps(record) + "\n")
+
+    try:
+        start = time.perf_counter()
+        log = trainer.train(iterations, on_step=on_step)
+        seconds = time.perf_counter() - start
+    finally:
+        bar.close()
+        if log_file is not None:
+            log_file.close()
+    trainer.flush()
+    evaluation = trainer.evaluate(test)
+    return _summarize(config, trainer, log, seconds, evaluation) if not trainer.roles.is_ps else None
+
+
+def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds: float,
+               evaluation: Optional[dict]) -> Optional[dict]:
+    """Totals over workers (collective over the workers); the summary on worker 0."""
+    moved = np.array([sum(r["moved"][k] for r in log) for k in ("pull", "put", "accumulate")], dtype=np.int64)
+    total = trainer.roles.workers.allreduce(moved)
+    stages = sorted({stage for r in log for stage in r["timing"]})
+    mean_ms = {s: 1000 * sum(r["timing"].get(s, 0.0) for r in log) / max(1, len(log)) for s in stages}
+    if trainer.roles.worker != 0:
+        return None
+    counts = {k: sum(r["counts"][k] for r in log) for k in log[0]["counts"]} if log else {}
+    needed = counts.get("local", 0) + counts.get("accumulate", 0) + counts.get("full_set_push", 0)
+    row_bytes = config.model.embedding_dim * np.dtype(config.model.precision.value).itemsize
+    pulls, pushes = int(total[0]), int(total[1] + total[2])
+    samples = sum(r["samples"] for r in log)
+    return {
+        "config": config.name, "mode": config.scheduler.mode.value, "workers": config.cluster.workers,
+        "ps": config.cluster.ps, "model": config.model.name.value, "iterations": len(log), "samples": samples,
+        "seconds": round(seconds, 3), "throughput": round(samples / seconds, 1) if seconds else 0.0,
+        "transmissions": {"pull_rows": pulls, "push_rows": pushes, "rows": pulls + pushes,
+                          "pull_bytes": pulls * row_bytes, "push_bytes": pushes * row_bytes},
+        "hit_rate": round(1 - counts.get("pull", 0) / needed, 6) if needed else 0.0,
+        "events": counts, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},
+        "evaluation": evaluation,
+    }
+
+
+def format_summary(summary: dict) -> str:
+    t, e = summary["transmissions"], summary["evaluation"] or {}
+    return (f"{summary['config']} {summary['mode']}: {summary['workers']} workers + {summary['ps']} PS, "
+            f"{summary['iterations']} iterations, {summary['throughput']:.0f} samples/s; "
+            f"transmissions {t['rows']} rows (pull {t['pull_rows']}, push {t['push_rows']}), "
+            f"hit rate {summary['hit_rate']:.1%}; test AUC {e.get('auc', float('nan')):.4f}, "
+            f"log loss {e.get('logloss', float('nan')):.4f} on {e.get('samples', 0)} samples")

@@ -1,0 +1,90 @@
+"""The training runtime across ranks: identical plans, counts equal to the simulator, start-up checks."""
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hybrid import train_job
+from hybrid.comm import AgreementError, split_roles
+from hybrid.config import Mode, load_config
+from hybrid.data.store import BatchStore
+from hybrid.data.synthetic import synthesize
+from hybrid.simulator import simulate_mode
+from hybrid.trainer import HybridTrainer
+
+
+@pytest.fixture(scope="module")
+def store_path():
+    world = MPI.COMM_WORLD
+    base = world.bcast(tempfile.mkdtemp(prefix="hybrid-runtime-") if world.rank == 0 else None)
+    path = Path(base) / "store"
+    if world.rank == 0:
+        synthesize(path, like="criteo-kaggle", rows=6000, scale=0.001, seed=2)
+    world.Barrier()
+    yield path
+    world.Barrier()
+    if world.rank == 0:
+        shutil.rmtree(base)
+
+
+def _config(store_path, *overrides):
+    world = MPI.COMM_WORLD
+    return load_config(None, [f"data.path={store_path}", f"cluster.workers={world.size - 1}", "cluster.ps=1",
+                              "train.batch_per_worker=16", "cache.ratio=0.05", "model.embedding_dim=4",
+                              "model.top_mlp=[8]", "scheduler.warmup_iterations=0", *overrides])
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["vanilla", "herald"])
+def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode):
+    world = MPI.COMM_WORLD
+    config = _config(store_path, f"scheduler.mode={mode}")
+    store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
+    roles = split_roles(config.cluster.workers, config.cluster.ps)
+    trainer = HybridTrainer(config, roles, store)
+    log = trainer.train(40)
+    digests = [r["digest"] for r in log]
+    moved = np.array([sum(r["moved"][k] for r in log) for k in ("pull", "put", "accumulate")])
+    trainer.close()
+    everyone = world.allgather(None if roles.is_ps else digests)
+    totals = world.allreduce(np.zeros(3, np.int64) if roles.is_ps else moved)
+    roles.free()
+    workers = [d for d in everyone if d is not None]
+    assert len(workers) == config.cluster.workers and all(d == workers[0] for d in workers)
+    simulated = simulate_mode(config, store, Mode(mode), iterations=40)
+    assert simulated.iterations == 40
+    assert totals[0] == simulated.pulls
+    assert totals[1] + totals[2] == simulated.pushes
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(120)
+def test_a_config_mismatch_stops_every_rank_with_one_message(store_path):
+    world = MPI.COMM_WORLD
+    config = _config(store_path, f"seed={1 if world.rank == 0 else 2}")
+    with pytest.raises(AgreementError, match="ranks disagree on config") as info:
+        train_job.run(config, progress=False)
+    assert len(set(world.allgather(str(info.value)))) == 1
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+def test_training_reports_throughput_transmissions_and_auc(store_path, tmp_path_factory):
+    world = MPI.COMM_WORLD
+    out = Path(world.bcast(str(tmp_path_factory.mktemp("summary")) if world.rank == 0 else None))
+    summary = train_job.run(_config(store_path, "train.iterations=30"), progress=False,
+                            log_path=str(out / "log.jsonl"), summary_path=str(out / "summary.json"))
+    if world.rank == 0:
+        assert summary["iterations"] == 30 and summary["throughput"] > 0
+        assert summary["transmissions"]["rows"] == summary["transmissions"]["pull_rows"] + \
+            summary["transmissions"]["push_rows"] > 0
+        assert 0.0 <= summary["evaluation"]["auc"] <= 1.0 and summary["evaluation"]["samples"] == 600
+        assert len((out / "log.jsonl").read_text().splitlines()) == 30
+        assert (out / "summary.json").is_file()
+        assert set(summary["iteration_ms"]) >= {"schedule_wait", "pull", "compute", "allreduce", "push", "barrier"}
+    else:
+        assert summary is None
