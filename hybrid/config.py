@@ -116,6 +116,7 @@ class TrainConfig:
     dense_lr: float = 0.1
     dense_optimizer: DenseOptimizer = DenseOptimizer.sgd
     eval_every: int = 0
+    verify_cache: bool = False  # debug: each iteration, compare fresh cached rows with the PS
 
 
 @dataclass

@@ -43,6 +43,7 @@ class BatchPlan:
     timing: dict  # seconds: scoring, allocation, state_update, plan
     events: Optional[tuple] = None  # (kind, worker, row, slot, peer, peer_slot): train then plan events
     n_train_events: int = 0
+    snapshot: Optional[dict] = None  # debug: one worker's view of the state after this iteration
 
     @property
     def needed(self) -> int:
@@ -80,6 +81,7 @@ class Scheduler:
     policy: AllocationPolicy
     table_offsets: np.ndarray
     record_events: bool = False
+    snapshot_worker: Optional[int] = None  # debug: attach this worker's end-of-iteration state to plans
     _timing: dict = field(default_factory=dict)
 
     @classmethod
@@ -124,6 +126,15 @@ class Scheduler:
         self._timing["allocation"] = self.policy.timing["allocation"]
         return rows, alloc
 
+    def _snapshot(self) -> Optional[dict]:
+        """The state as ``snapshot_worker`` must see it when this iteration ends (the thread runs ahead)."""
+        if self.snapshot_worker is None:
+            return None
+        holders = self.state.holder_sets()
+        w = self.snapshot_worker
+        return {"at_ps": holders[:, 0].copy(), "fresh": holders[:, w + 1].copy(),
+                "cache_rows": self.state.cache_rows(w)}
+
     def plans(self, batches: Iterable[np.ndarray]) -> Iterator[BatchPlan]:
         """One plan per batch of per-table ids ([B, tables]), in order."""
         iterator = iter(batches)
@@ -154,7 +165,7 @@ class Scheduler:
                 events = tuple(np.concatenate([a, b]) for a, b in zip(train_events, plan_events))
                 n_train = len(train_events[0])
             yield BatchPlan(step=step, allocation=alloc, counts=counts, timing=timing, events=events,
-                            n_train_events=n_train)
+                            n_train_events=n_train, snapshot=self._snapshot())
             if upcoming is None:
                 return
             alloc = next_alloc

@@ -150,6 +150,8 @@ class HybridTrainer:
         if roles.is_ps:
             return
         self.scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, record_events=True)
+        if config.train.verify_cache:
+            self.scheduler.snapshot_worker = roles.worker
         self.cache = WorkerCache(np.zeros((self.scheduler.state.capacity, dim), dtype=self.dtype))
         self.model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed)
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
@@ -232,7 +234,30 @@ class HybridTrainer:
         clock.lap("push")
         self.roles.workers.Barrier()
         clock.lap("barrier")
+        if plan.snapshot is not None:
+            self.verify_cache(plan.snapshot)
         return clock.laps
+
+    def verify_cache(self, snapshot: dict) -> None:
+        """Check that every cached row this worker holds fresh, and the PS holds too, equals the PS copy.
+
+        ``snapshot`` is the state at the end of the iteration just run (see
+        ``Scheduler.snapshot_worker``: the scheduler thread is already ahead).
+        Dirty rows (only this worker has the latest value) cannot be checked
+        against the PS. Copies are exact, so any difference is a bug.
+        """
+        me = self.roles.worker
+        cached = snapshot["cache_rows"]
+        slots = np.flatnonzero(cached >= 0)
+        rows = cached[slots].astype(np.int64)
+        checkable = snapshot["fresh"][rows] & snapshot["at_ps"][rows]
+        rows, slots = rows[checkable], slots[checkable]
+        at_ps = np.empty((len(rows), self.cache.values.shape[1]), dtype=self.dtype)
+        self.table.pull(rows, at_ps).wait()
+        bad = np.flatnonzero((at_ps != self.cache.values[slots]).any(axis=1))
+        if len(bad):
+            raise RuntimeError(f"worker {me}: {len(bad)} fresh cached rows differ from the PS, e.g. row "
+                               f"{rows[bad[0]]} in slot {slots[bad[0]]}; the cache and the cluster state disagree")
 
     @staticmethod
     def _updates(kind: np.ndarray) -> np.ndarray:

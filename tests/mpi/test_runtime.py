@@ -88,3 +88,31 @@ def test_training_reports_throughput_transmissions_and_auc(store_path, tmp_path_
         assert set(summary["iteration_ms"]) >= {"schedule_wait", "pull", "compute", "allreduce", "push", "barrier"}
     else:
         assert summary is None
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["vanilla", "herald"])
+def test_the_cache_verification_passes_and_catches_a_corrupted_row(store_path, mode):
+    world = MPI.COMM_WORLD
+    config = _config(store_path, f"scheduler.mode={mode}", "train.verify_cache=true")
+    store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
+    roles = split_roles(config.cluster.workers, config.cluster.ps)
+    trainer = HybridTrainer(config, roles, store)
+    trainer.train(15)  # verifies after every iteration
+    trainer.flush()  # now the PS holds every row worker 0 holds fresh: all checkable
+    error = None
+    if roles.worker == 0:
+        holders = trainer.scheduler.state.holder_sets()
+        cached = trainer.scheduler.state.cache_rows(0)
+        slots = [s for s, r in enumerate(cached) if r >= 0 and holders[r, 1] and holders[r, 0]]
+        if slots:  # (asserted below, after the collective close, so a failure cannot hang the others)
+            trainer.cache.values[slots[0]] += 1.0
+            try:
+                trainer.verify_cache({"cache_rows": cached, "fresh": holders[:, 1], "at_ps": holders[:, 0]})
+            except RuntimeError as err:
+                error = str(err)
+    trainer.close()
+    roles.free()
+    if world.rank == 0:
+        assert error is not None and "differ from the PS" in error
