@@ -117,6 +117,12 @@ MODELS = {ModelName.dlrm: DLRM, ModelName.wide_deep: WideAndDeep, ModelName.deep
           ModelName.dcn: DCN, ModelName.ncf: NCF}
 
 
+def dense_optimizer(config, parameters) -> torch.optim.Optimizer:
+    """The configured optimizer of the MLP parameters (embeddings always use SGD: a passive PS only adds)."""
+    classes = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
+    return classes[config.train.dense_optimizer.value](parameters, lr=config.train.dense_lr)
+
+
 def build_model(config: ModelConfig, *, n_dense: int, n_tables: int, seed: int) -> nn.Module:
     """The configured model, initialized from ``seed`` (identical on every worker) in its precision."""
     generator_state = torch.random.get_rng_state()

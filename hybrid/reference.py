@@ -12,7 +12,7 @@ import torch
 from hybrid.config import Config
 from hybrid.data.store import BatchStore
 from hybrid.embedding_init import initial_rows
-from hybrid.models import build_model
+from hybrid.models import build_model, dense_optimizer
 
 
 def train_reference(config: Config, store: BatchStore, iterations: int):
@@ -23,7 +23,7 @@ def train_reference(config: Config, store: BatchStore, iterations: int):
     table = torch.tensor(initial_rows(config.seed, np.arange(n_rows), config.model.embedding_dim,
                                       np.dtype(config.model.precision.value)))
     model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.train.dense_lr)
+    optimizer = dense_optimizer(config, model.parameters())
     batches = store.batches(config.global_batch, shuffle=config.data.shuffle, seed=config.data.shuffle_seed)
     for _, batch in zip(range(iterations), batches):
         rows = torch.from_numpy(batch.sparse.astype(np.int64) + offsets)

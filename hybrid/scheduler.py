@@ -95,6 +95,9 @@ class Scheduler:
         n_rows, n_tables = int(cardinalities.sum()), len(cardinalities)
         n_workers, per_worker = config.cluster.workers, config.train.batch_per_worker
         capacity = cache_capacity(n_rows, config.cache.ratio, per_worker, n_tables)
+        if config.scheduler.staleness:
+            raise SchedulerError(f"scheduler.staleness={config.scheduler.staleness} applies to mode het, "
+                                 f"which is not implemented yet; use scheduler.staleness=0 (BSP)")
         uses_laia, full_set = MODES[mode]
         p2p = config.scheduler.sync is SyncMode.p2p
         if p2p and full_set:

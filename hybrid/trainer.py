@@ -29,7 +29,7 @@ from hybrid.comm import Roles, init_horovod
 from hybrid.config import Config, SyncMode
 from hybrid.data.store import BatchStore
 from hybrid.embedding_init import initial_rows
-from hybrid.models import build_model
+from hybrid.models import build_model, dense_optimizer
 from hybrid.rma_store import EmbeddingStore
 from hybrid.scheduler import BatchPlan, Scheduler
 
@@ -138,7 +138,11 @@ class HybridTrainer:
 
     def __init__(self, config: Config, roles: Roles, store: BatchStore):
         if config.scheduler.sync is SyncMode.p2p:
-            raise NotImplementedError("the runtime executes PS plans; scheduler.sync=p2p runs in the simulator only")
+            raise ValueError("scheduler.sync=p2p runs in the simulator only so far; the runtime executes "
+                             "PS plans (scheduler.sync=ps)")
+        if config.train.eval_every:
+            raise ValueError("train.eval_every is not implemented yet: evaluation runs once, after training; "
+                             "set train.eval_every=0")
         self.config, self.roles, self.data = config, roles, store
         self.dtype = np.dtype(config.model.precision.value)
         self.torch_dtype = getattr(torch, config.model.precision.value)
@@ -156,7 +160,7 @@ class HybridTrainer:
         self.model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed)
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         self.optimizer = self.hvd.DistributedOptimizer(
-            torch.optim.SGD(self.model.parameters(), lr=config.train.dense_lr),
+            dense_optimizer(config, self.model.parameters()),
             named_parameters=self.model.named_parameters(), op=self.hvd.Sum)
 
     # -------------------------------------------------------------- training
@@ -207,7 +211,7 @@ class HybridTrainer:
             return row[chosen], slot[chosen]
 
         if ((kind == P2P) & mine).any():
-            raise NotImplementedError("P2P events reached the runtime")
+            raise RuntimeError("P2P events reached the runtime, which executes PS plans only")
         rows, slots = of(WRITEBACK)
         self.table.put(rows, values[slots]).wait()
         rows, slots = of(PULL)

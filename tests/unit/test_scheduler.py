@@ -70,6 +70,8 @@ def test_unimplemented_modes_say_so(criteo_like):
     store = BatchStore(criteo_like)
     with pytest.raises(SchedulerError, match="het is not implemented yet"):
         Scheduler.from_config(_config(criteo_like, "scheduler.mode=het"), cardinalities=store.cardinalities)
+    with pytest.raises(SchedulerError, match="staleness=2 applies to mode het"):
+        Scheduler.from_config(_config(criteo_like, "scheduler.staleness=2"), cardinalities=store.cardinalities)
 
 
 def test_herald_cuts_transmissions_on_data_with_locality(criteo_like):
