@@ -15,7 +15,7 @@ from hybrid.config import ConfigError, load_config
 from hybrid.data.formats import FORMAT_NAMES, FormatError
 from hybrid.data.store import StoreError
 
-EXIT_FAILURE, EXIT_NOT_IMPLEMENTED = 1, 2
+EXIT_FAILURE = 1
 
 
 def _progress_bar(total=None, unit="rows", desc=None):
@@ -199,8 +199,14 @@ def cmd_bench(args) -> int:
         if args.json:
             print(json.dumps(result))
         return 0
-    print(f"hybrid bench {args.name}: not implemented yet (see the open issues)", file=sys.stderr)
-    return EXIT_NOT_IMPLEMENTED
+    from hybrid.bench import ps_bench
+
+    results = ps_bench.run(dims=args.dims, rows_per_op=args.rows_per_op)
+    if results is not None:
+        print(ps_bench.format_rows(results))
+        if args.json:
+            print(json.dumps(results))
+    return 0
 
 
 def cmd_train(args) -> int:
@@ -212,11 +218,6 @@ def cmd_train(args) -> int:
     if summary is not None:
         print(train_job.format_summary(summary), flush=True)
     return 0
-
-
-def cmd_not_implemented(args) -> int:
-    print(f"hybrid {args.command}: not implemented yet (see the open issues)", file=sys.stderr)
-    return EXIT_NOT_IMPLEMENTED
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("bench", help="benchmarks: scheduler, quality (ps: not implemented yet)")
+    p = sub.add_parser("bench", help="benchmarks: scheduler, quality, ps (under mpirun -n 2)")
     p.add_argument("name", choices=["scheduler", "quality", "ps"])
     p.add_argument("--workers", type=_int_list, default=(8, 16, 64, 128))
     p.add_argument("--threads", type=_int_list, default=(1, 2))
@@ -276,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--laia", default="exact,chunked", help="LAIA variants (default: %(default)s)")
     p.add_argument("--iterations", type=int, default=30, help="timed batches per case (after 10 warm-up)")
     p.add_argument("--scale", type=float, default=0.01, help="Criteo table scale of the synthetic data")
+    p.add_argument("--dims", type=_int_list, default=(16, 128, 512), help="ps: row widths")
+    p.add_argument("--rows-per-op", type=int, default=8192, help="ps: rows per batched operation")
     p.add_argument("--json", action="store_true", help="print the rows as one JSON list as the last line")
     p.set_defaults(func=cmd_bench)
 

@@ -40,10 +40,9 @@ def test_synth_with_a_real_data_config_says_so(tmp_path, capsys):
     assert "hybrid preprocess" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", [["bench", "ps"]])
-def test_unfinished_commands_do_not_pretend(command, capsys):
-    assert main(command) != 0
-    assert "not implemented yet" in capsys.readouterr().err
+def test_ps_bench_outside_mpi_says_how_to_run_it(capsys):
+    assert main(["bench", "ps"]) == 1
+    assert "launch/mpirun.sh -n 2 python -m hybrid bench ps" in capsys.readouterr().err
 
 
 def test_stats_json(tmp_path, capsys):
