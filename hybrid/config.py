@@ -117,6 +117,7 @@ class TrainConfig:
     dense_optimizer: DenseOptimizer = DenseOptimizer.sgd
     eval_every: int = 0
     verify_cache: bool = False  # debug: each iteration, compare fresh cached rows with the PS
+    device: str = "auto"  # auto (CUDA when present and Horovod has NCCL), cpu, cuda
 
 
 @dataclass
@@ -217,6 +218,8 @@ def validate(config: Config) -> None:
     _check(c.train.embedding_lr > 0, "train.embedding_lr", f"must be > 0, got {c.train.embedding_lr}")
     _check(c.train.dense_lr > 0, "train.dense_lr", f"must be > 0, got {c.train.dense_lr}")
     _check(c.train.eval_every >= 0, "train.eval_every", f"must be >= 0 (0 = only at the end), got {c.train.eval_every}")
+    _check(c.train.device in ("auto", "cpu", "cuda"), "train.device",
+           f"expected one of auto, cpu, cuda, got {c.train.device!r}")
     _check(c.model.embedding_dim >= 1, "model.embedding_dim", f"must be >= 1, got {c.model.embedding_dim}")
     for key in ("bottom_mlp", "top_mlp"):
         widths = getattr(c.model, key)

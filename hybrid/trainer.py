@@ -72,42 +72,6 @@ class PlanProducer:
                 raise item
             yield item
 
-    def evaluate(self, test: BatchStore, batch_size: int = 4096) -> Optional[dict]:
-        """AUC and log loss on ``test`` after :meth:`flush`; the result on worker 0, None elsewhere.
-
-        Workers split the test samples, read their rows straight from the PS
-        (the latest model after the flush) and gather predictions to worker 0.
-        """
-        if self.roles.is_ps:
-            return None
-        from sklearn.metrics import log_loss, roc_auc_score
-
-        me, n = self.roles.worker, self.roles.n_workers
-        offsets = self.data.table_offsets
-        probabilities, labels = [], []
-        positions = np.arange(test.start, test.stop)[me::n]
-        with torch.no_grad():
-            for begin in range(0, len(positions), batch_size):
-                batch = test.gather(0, positions[begin:begin + batch_size])
-                rows = batch.sparse.astype(np.int64) + offsets
-                unique, inverse = np.unique(rows, return_inverse=True)
-                values = np.empty((len(unique), self.config.model.embedding_dim), dtype=self.dtype)
-                self.table.pull(unique, values).wait()
-                emb = torch.from_numpy(values[inverse.reshape(rows.shape)])
-                logits = self.model(torch.from_numpy(batch.dense).to(self.torch_dtype), emb)
-                probabilities.append(torch.sigmoid(logits).numpy())
-                labels.append(batch.labels)
-        gathered = self.roles.workers.gather((np.concatenate(probabilities or [np.zeros(0)]),
-                                              np.concatenate(labels or [np.zeros(0)])), root=0)
-        if me != 0:
-            return None
-        p = np.concatenate([g[0] for g in gathered])
-        y = np.concatenate([g[1] for g in gathered])
-        if len(y) == 0 or len(np.unique(y)) < 2:
-            return {"samples": int(len(y)), "auc": float("nan"), "logloss": float("nan")}
-        return {"samples": int(len(y)), "auc": float(roc_auc_score(y, p)),
-                "logloss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7)))}
-
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
@@ -157,11 +121,23 @@ class HybridTrainer:
         if config.train.verify_cache:
             self.scheduler.snapshot_worker = roles.worker
         self.cache = WorkerCache(np.zeros((self.scheduler.state.capacity, dim), dtype=self.dtype))
-        self.model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed)
+        self.device = self._device(config.train.device)
+        self.model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables,
+                                 seed=config.seed).to(self.device)
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         self.optimizer = self.hvd.DistributedOptimizer(
             dense_optimizer(config, self.model.parameters()),
             named_parameters=self.model.named_parameters(), op=self.hvd.Sum)
+
+    def _device(self, wanted: str) -> torch.device:
+        """The model's device. The cache stays in host memory: RMA reads and writes it."""
+        gpu = torch.cuda.is_available() and self.hvd.nccl_built()
+        if wanted == "cuda" and not gpu:
+            raise ValueError("train.device=cuda needs CUDA and a Horovod built with NCCL "
+                             "(HOROVOD_GPU_OPERATIONS=NCCL bash launch/setup.sh); use train.device=cpu")
+        if wanted == "cpu" or not gpu:
+            return torch.device("cpu")
+        return torch.device("cuda", self.hvd.local_rank() % torch.cuda.device_count())
 
     # -------------------------------------------------------------- training
     def train(self, iterations: int, on_step: Optional[Callable[[dict], None]] = None) -> list[dict]:
@@ -274,9 +250,9 @@ class HybridTrainer:
         sample_rows = self.scheduler.global_rows(batch.sparse[mine])
         order = np.argsort(rows)
         sample_slots = slots[order][np.searchsorted(rows[order], sample_rows)]
-        emb = torch.from_numpy(self.cache.values[sample_slots]).requires_grad_(True)
-        dense = torch.from_numpy(batch.dense[mine]).to(self.torch_dtype)
-        labels = torch.from_numpy(batch.labels[mine]).to(self.torch_dtype)
+        emb = torch.from_numpy(self.cache.values[sample_slots]).to(self.device).requires_grad_(True)
+        dense = torch.from_numpy(batch.dense[mine]).to(self.device, self.torch_dtype)
+        labels = torch.from_numpy(batch.labels[mine]).to(self.device, self.torch_dtype)
         logits = self.model(dense, emb)
         # the global batch's mean loss: each worker sums its samples over the global batch size,
         # and the MLP gradients are summed (not averaged) over the workers
@@ -288,7 +264,7 @@ class HybridTrainer:
         clock.lap("allreduce")
         self.last_loss = float(loss.detach()) * len(batch)  # this worker's summed sample losses
         gradients = np.zeros_like(self.cache.values)
-        np.add.at(gradients, sample_slots.ravel(), emb.grad.numpy().reshape(-1, gradients.shape[1]))
+        np.add.at(gradients, sample_slots.ravel(), emb.grad.cpu().numpy().reshape(-1, gradients.shape[1]))
         return gradients
 
     # ------------------------------------------------------------ inspection
@@ -322,9 +298,9 @@ class HybridTrainer:
                 unique, inverse = np.unique(rows, return_inverse=True)
                 values = np.empty((len(unique), self.config.model.embedding_dim), dtype=self.dtype)
                 self.table.pull(unique, values).wait()
-                emb = torch.from_numpy(values[inverse.reshape(rows.shape)])
-                logits = self.model(torch.from_numpy(batch.dense).to(self.torch_dtype), emb)
-                probabilities.append(torch.sigmoid(logits).numpy())
+                emb = torch.from_numpy(values[inverse.reshape(rows.shape)]).to(self.device)
+                logits = self.model(torch.from_numpy(batch.dense).to(self.device, self.torch_dtype), emb)
+                probabilities.append(torch.sigmoid(logits).cpu().numpy())
                 labels.append(batch.labels)
         gathered = self.roles.workers.gather((np.concatenate(probabilities or [np.zeros(0)]),
                                               np.concatenate(labels or [np.zeros(0)])), root=0)

@@ -8,6 +8,7 @@
 #   HYBRID_VENV       virtualenv path            (default: <repo>/.venv)
 #   HYBRID_WHEEL_DIR  cache of built wheels      (default: ~/.cache/hybrid/wheels)
 #   HYBRID_SKIP_HOROVOD=1  skip Horovod (training then needs horovod installed otherwise)
+#   HOROVOD_GPU_OPERATIONS=NCCL  on GPU machines (with CUDA), for the GPU training path
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -89,7 +90,7 @@ WRAP
     if ! CXX="$wrapdir/g++" CC=/usr/bin/gcc \
         HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-        HOROVOD_GPU_OPERATIONS= MAKEFLAGS="-j$(nproc)" \
+        HOROVOD_GPU_OPERATIONS="${HOROVOD_GPU_OPERATIONS:-}" MAKEFLAGS="-j$(nproc)" \
         "${PIP[@]}" wheel --no-build-isolation --no-deps --no-binary horovod \
             -w "$WHEEL_DIR" "horovod==$HOROVOD_VERSION" >"$log" 2>&1; then
         say "Horovod build failed; last lines of $log:"
