@@ -3,14 +3,11 @@
 Run with ``launch/mpirun.sh -n 3 python -m pytest --with-mpi tests/mpi``.
 """
 import hashlib
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from hybrid.data.store import BatchStore
-from hybrid.data.synthetic import synthesize
+from shared_store import shared_store
 
 
 @pytest.mark.mpi(min_size=3)
@@ -40,17 +37,10 @@ def test_every_rank_reads_the_same_global_batches():
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    base = world.bcast(tempfile.mkdtemp(prefix="hybrid-store-") if world.rank == 0 else None)
-    path = Path(base) / "store"
-    if world.rank == 0:
-        synthesize(path, like="criteo-kaggle", rows=5000, scale=0.001, seed=11)
-    world.Barrier()
-    store = BatchStore(path)
-    digest = hashlib.sha256()
-    for batch in store.batches(512, shuffle=True, seed=3):
-        digest.update(batch.sparse.tobytes() + batch.dense.tobytes() + batch.labels.tobytes())
-    seen = world.allgather((store.fingerprint, digest.hexdigest()))
+    with shared_store(like="criteo-kaggle", rows=5000, scale=0.001, seed=11) as path:
+        store = BatchStore(path)
+        digest = hashlib.sha256()
+        for batch in store.batches(512, shuffle=True, seed=3):
+            digest.update(batch.sparse.tobytes() + batch.dense.tobytes() + batch.labels.tobytes())
+        seen = world.allgather((store.fingerprint, digest.hexdigest()))
     assert len(set(seen)) == 1
-    world.Barrier()
-    if world.rank == 0:
-        shutil.rmtree(base)

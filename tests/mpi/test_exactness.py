@@ -5,10 +5,6 @@ runs N = 3 and 4: 1-3 workers, 1-2 PS), float64, a cache small enough that
 it evicts: final embedding tables and MLP weights must equal plain torch SGD
 on the whole global batch within 1e-9.
 """
-import shutil
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -17,25 +13,17 @@ from mpi4py import MPI
 from hybrid.comm import split_roles
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
-from hybrid.data.synthetic import synthesize
 from hybrid.reference import train_reference
 from hybrid.trainer import HybridTrainer
+from shared_store import shared_store
 
 ITERATIONS = 25
 
 
 @pytest.fixture(scope="module")
 def store_path():
-    world = MPI.COMM_WORLD
-    base = world.bcast(tempfile.mkdtemp(prefix="hybrid-exact-") if world.rank == 0 else None)
-    path = Path(base) / "store"
-    if world.rank == 0:
-        synthesize(path, like="avazu", rows=4000, scale=0.001, seed=5)
-    world.Barrier()
-    yield path
-    world.Barrier()
-    if world.rank == 0:
-        shutil.rmtree(base)
+    with shared_store(like="avazu", rows=4000, scale=0.001, seed=5) as path:
+        yield path
 
 
 @pytest.mark.mpi(min_size=3)

@@ -1,6 +1,4 @@
 """The training runtime across ranks: identical plans, counts equal to the simulator, start-up checks."""
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -11,23 +9,15 @@ from hybrid import train_job
 from hybrid.comm import AgreementError, split_roles
 from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore
-from hybrid.data.synthetic import synthesize
 from hybrid.simulator import simulate_mode
 from hybrid.trainer import HybridTrainer
+from shared_store import shared_store
 
 
 @pytest.fixture(scope="module")
 def store_path():
-    world = MPI.COMM_WORLD
-    base = world.bcast(tempfile.mkdtemp(prefix="hybrid-runtime-") if world.rank == 0 else None)
-    path = Path(base) / "store"
-    if world.rank == 0:
-        synthesize(path, like="criteo-kaggle", rows=6000, scale=0.001, seed=2)
-    world.Barrier()
-    yield path
-    world.Barrier()
-    if world.rank == 0:
-        shutil.rmtree(base)
+    with shared_store(like="criteo-kaggle", rows=6000, scale=0.001, seed=2) as path:
+        yield path
 
 
 def _config(store_path, *overrides):
