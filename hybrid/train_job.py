@@ -91,6 +91,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
     """Totals over workers (collective over the workers); the summary on worker 0."""
     moved = np.array([sum(r["moved"][k] for r in log) for k in ("pull", "put", "accumulate")], dtype=np.int64)
     total = trainer.roles.workers.allreduce(moved)
+    loss_sum = trainer.roles.workers.allreduce(sum(r["loss_sum"] for r in log))
     stages = sorted({stage for r in log for stage in r["timing"]})
     mean_ms = {s: 1000 * sum(r["timing"].get(s, 0.0) for r in log) / max(1, len(log)) for s in stages}
     if trainer.roles.worker != 0:
@@ -107,6 +108,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         "transmissions": {"pull_rows": pulls, "push_rows": pushes, "rows": pulls + pushes,
                           "pull_bytes": pulls * row_bytes, "push_bytes": pushes * row_bytes},
         "hit_rate": round(1 - counts.get("pull", 0) / needed, 6) if needed else 0.0,
+        "train_loss": round(loss_sum / samples, 6) if samples else float("nan"),
         "events": counts, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},
         "evaluation": evaluation,
     }
@@ -117,5 +119,5 @@ def format_summary(summary: dict) -> str:
     return (f"{summary['config']} {summary['mode']}: {summary['workers']} workers + {summary['ps']} PS, "
             f"{summary['iterations']} iterations, {summary['throughput']:.0f} samples/s; "
             f"transmissions {t['rows']} rows (pull {t['pull_rows']}, push {t['push_rows']}), "
-            f"hit rate {summary['hit_rate']:.1%}; test AUC {e.get('auc', float('nan')):.4f}, "
+            f"hit rate {summary['hit_rate']:.1%}; train loss {summary['train_loss']:.4f}, test AUC {e.get('auc', float('nan')):.4f}, "
             f"log loss {e.get('logloss', float('nan')):.4f} on {e.get('samples', 0)} samples")

@@ -144,7 +144,8 @@ class HybridTrainer:
         """Run ``iterations`` global batches; returns one record per iteration (workers) or [].
 
         A record holds the plan's event counts, the rows this worker moved
-        through the store (``moved``), the plan digest and the stage times.
+        through the store (``moved``), the plan digest, the stage times and
+        the summed loss of this worker's samples (``loss_sum``).
         """
         if self.roles.is_ps:
             return []
@@ -165,7 +166,7 @@ class HybridTrainer:
                 timing = {"schedule_wait": time.perf_counter() - waited, **self.step(plan, batch)}
                 moved = {k: self.table.rows_moved[k] - before[k] for k in before}
                 record = {"step": plan.step, "counts": plan.counts, "moved": moved, "digest": plan.digest(),
-                          "timing": timing, "samples": len(batch)}
+                          "timing": timing, "samples": len(batch), "loss_sum": self.last_loss}
                 log.append(record)
                 if on_step is not None:
                     on_step(record)

@@ -22,22 +22,22 @@ ITERATIONS = 25
 
 @pytest.fixture(scope="module")
 def store_path():
-    with shared_store(like="avazu", rows=4000, scale=0.001, seed=5) as path:
+    with shared_store(like="criteo-kaggle", rows=4000, scale=0.001, seed=5) as path:
         yield path
 
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["vanilla", "laia", "plan", "herald"])
-@pytest.mark.parametrize("model", ["dlrm", "wide_deep"])
+@pytest.mark.parametrize("model", ["dlrm", "wide_deep", "deepfm", "dcn", "ncf"])
 @pytest.mark.parametrize("n_ps", [1, 2])
 def test_bsp_modes_equal_the_single_process_reference(store_path, mode, model, n_ps):
     world = MPI.COMM_WORLD
     config = load_config(None, [f"data.path={store_path}", f"cluster.workers={world.size - n_ps}",
-                                f"cluster.ps={n_ps}", "train.batch_per_worker=8", "cache.ratio=0.03",
+                                f"cluster.ps={n_ps}", "train.batch_per_worker=8", "cache.ratio=0.008",
                                 f"scheduler.mode={mode}", f"model.name={model}", "model.precision=float64",
                                 "model.embedding_dim=4", "model.bottom_mlp=[8]", "model.top_mlp=[8]",
-                                "train.embedding_lr=0.5", "train.dense_lr=0.2", "seed=11"])
+                                "train.embedding_lr=0.1", "train.dense_lr=0.05", "seed=11"])
     store = BatchStore(store_path)
     roles = split_roles(config.cluster.workers, config.cluster.ps)
     trainer = HybridTrainer(config, roles, store)

@@ -73,6 +73,7 @@ def test_training_reports_throughput_transmissions_and_auc(store_path, tmp_path_
         assert summary["transmissions"]["rows"] == summary["transmissions"]["pull_rows"] + \
             summary["transmissions"]["push_rows"] > 0
         assert 0.0 <= summary["evaluation"]["auc"] <= 1.0 and summary["evaluation"]["samples"] == 600
+        assert 0.0 < summary["train_loss"] < 2.0
         assert len((out / "log.jsonl").read_text().splitlines()) == 30
         assert (out / "summary.json").is_file()
         assert set(summary["iteration_ms"]) >= {"schedule_wait", "pull", "compute", "allreduce", "push", "barrier"}
