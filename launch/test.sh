@@ -9,10 +9,10 @@ cd "$ROOT"
 echo "== unit tests"
 python -m pytest -q -p no:cacheprovider tests/unit
 
-# 3 ranks: 2 workers + 1 PS and 1 worker + 2 PS; 4 ranks: 3 + 1 and 2 + 2.
+# 3 ranks: 2 workers + 1 PS and 1 worker + 2 PS; 4 ranks: 3 + 1 and 2 + 2; 5 ranks: 4 + 1 and 3 + 2.
 # A rank that fails inside a collective leaves the others waiting: bound the run.
 export HYBRID_MPI_TIMEOUT=${HYBRID_MPI_TIMEOUT:-600}
-for ranks in ${HYBRID_TEST_RANKS:-3 4}; do
+for ranks in ${HYBRID_TEST_RANKS:-3 4 5}; do
     echo "== MPI tests on $ranks ranks"
     bash launch/mpirun.sh -n "$ranks" python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi
 done
