@@ -659,11 +659,6 @@ cdef class ClusterState:
         n = self.n_events
         return np.asarray(self.ev_peer[:n]).copy(), np.asarray(self.ev_peer_slot[:n]).copy()
 
-    def needs(self):
-        """Current (worker, row) pairs, sorted by worker."""
-        n = self.n_pairs
-        return np.asarray(self.pair_worker[:n]).copy(), np.asarray(self.pair_row[:n]).copy()
-
     def holder_sets(self):
         """``L(e)`` of every row as a bool array [n_rows, 1 + n_workers] (column 0 = PS)."""
         words = np.asarray(self.holders).reshape(self.n_rows, self.words)
@@ -688,10 +683,6 @@ cdef class ClusterState:
                 order.append(s)
                 s = self.lru_next[w * self.capacity + s]
         return order
-
-    def fresh_rows(self, int w):
-        """Rows whose latest value worker ``w`` holds."""
-        return np.flatnonzero(self.holder_sets()[:, w + 1])
 
     def digest(self):
         """Hash of the whole state (holders, caches, LRU order), to compare across ranks."""

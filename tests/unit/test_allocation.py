@@ -5,8 +5,8 @@ from hypothesis import given, settings, strategies as st
 
 from hybrid._ext import laia
 from hybrid._ext.cluster_state import ClusterState
-from hybrid.allocation import (AdaptiveLaiaAllocation, LaiaAllocation, RandomAllocation, TableProfiler, capacities,
-                               chunk_layout, interleaved_slots)
+from hybrid.allocation import (AdaptiveLaiaAllocation, ContiguousAllocation, LaiaAllocation, RandomAllocation,
+                               TableProfiler, capacities, chunk_layout, interleaved_slots)
 from hybrid.brute_force import best_allocation, iteration_cost, scheduling_quality
 from hybrid.counter_hash import hash3
 
@@ -190,3 +190,8 @@ def test_adaptive_laia_with_all_tables_is_laia():
         assert np.array_equal(adaptive.allocate(rows, t), expected)
         state.plan(rows, expected)
         state.train()
+
+
+def test_contiguous_allocation_gives_consecutive_shards():
+    alloc = ContiguousAllocation(3).allocate(np.zeros((10, 2), dtype=np.int64), 0)
+    assert alloc.tolist() == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
