@@ -224,3 +224,24 @@ def test_flush_gives_every_dirty_row_to_the_ps():
     holders = state.holder_sets()
     assert holders[:, 0].all() and holders[1, 1] and holders[3, 2]  # PS has all; owners stay fresh
     assert len(state.flush_dirty()[0]) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(instances())
+def test_a_copy_steps_exactly_like_the_original(instance):
+    """The brute-force scheduler evaluates what-ifs on copies: a forgotten field would diverge."""
+    n_workers, n_rows, capacity, sync, rows, allocs, policy = instance
+    state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=sync == "full_set",
+                         max_pairs=rows[0].size, p2p=sync == "p2p", policy=policy)
+    state.set_needs(rows[0], allocs[0])
+    state.train()
+    clone = state.copy()
+    for t in range(1, len(rows)):
+        for s in (state, clone):
+            s.plan(rows[t], allocs[t])
+        assert [a.tolist() for a in state.events()] == [a.tolist() for a in clone.events()]
+        for s in (state, clone):
+            s.train()
+        assert [a.tolist() for a in state.events()] == [a.tolist() for a in clone.events()]
+        assert state.digest() == clone.digest()
+        assert all(state.lru_order(w) == clone.lru_order(w) for w in range(n_workers))
