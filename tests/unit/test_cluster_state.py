@@ -234,14 +234,17 @@ def test_a_copy_steps_exactly_like_the_original(instance):
     state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=sync == "full_set",
                          max_pairs=rows[0].size, p2p=sync == "p2p", policy=policy)
     state.set_needs(rows[0], allocs[0])
-    state.train()
-    clone = state.copy()
-    for t in range(1, len(rows)):
-        for s in (state, clone):
-            s.plan(rows[t], allocs[t])
-        assert [a.tolist() for a in state.events()] == [a.tolist() for a in clone.events()]
+    clone = state.copy()  # with needs set: the copy must carry them into train()
+    for t in range(len(rows)):
         for s in (state, clone):
             s.train()
         assert [a.tolist() for a in state.events()] == [a.tolist() for a in clone.events()]
+        assert [a.tolist() for a in state.peers()] == [a.tolist() for a in clone.peers()]
         assert state.digest() == clone.digest()
         assert all(state.lru_order(w) == clone.lru_order(w) for w in range(n_workers))
+        if t + 1 < len(rows):
+            for s in (state, clone):
+                s.plan(rows[t + 1], allocs[t + 1])
+            assert [a.tolist() for a in state.events()] == [a.tolist() for a in clone.events()]
+            if t == 0:
+                clone = clone.copy()  # and a copy of a copy mid-run
