@@ -7,7 +7,6 @@ on the whole global batch within 1e-9.
 """
 import numpy as np
 import pytest
-import torch
 from mpi4py import MPI
 
 from hybrid.comm import split_roles

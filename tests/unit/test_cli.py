@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 from hybrid.cli import main
 from hybrid.data.store import BatchStore

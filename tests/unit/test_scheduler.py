@@ -8,7 +8,7 @@ from hybrid.cli import main
 from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore
 from hybrid.scheduler import Scheduler, SchedulerError
-from hybrid.simulator import simulate, simulate_mode
+from hybrid.simulator import simulate
 
 
 def _config(store_path, *overrides):
