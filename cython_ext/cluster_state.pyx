@@ -1,11 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The cluster state: one source of truth for the scheduler, the caches and the simulator.
 
-DESIGN.md section 3. For every embedding row ``e`` the state keeps ``L(e)``,
-the set of holders of its latest value (bit 0 = PS, bit ``w + 1`` = worker
-``w``), and for every worker a cache of ``capacity`` slots with LRU
-replacement and a row -> slot map. It depends only on allocations, never on
-gradient values, so every rank steps its own copy forward identically.
+docs/design.md, section 3. For every embedding row ``e``
+the state keeps ``L(e)``, the set of holders of its latest value (bit 0 = PS,
+bit ``w + 1`` = worker ``w``), and for every worker a cache of ``capacity``
+slots with LRU (or LFU) replacement and a row -> slot map. It depends only on
+allocations, never on gradient values, so every rank steps its own copy
+forward identically.
 
 One iteration ``t`` is three calls:
 
@@ -18,15 +19,27 @@ One iteration ``t`` is three calls:
    on-demand mode, pushes the dirty rows another worker needs in ``t + 1``
    (Herald's Algorithm 2).
 
-Memory: per row 8 bytes of holder bits per 64 holders plus 8 bytes of
-scratch (epoch stamp and index in one word): 16 bytes per row up to 63 workers; per cache slot
-4 (row) + 8 (LRU links) + 12 (row -> slot table of 8-byte entries at load
-<= 2/3) = 24 bytes; LFU adds 4 (the slot's frequency bucket).
+Each call leaves its events grouped by worker, then by kind (``worker_events``),
+so a worker reads only its own share: per-iteration work follows the batch.
+A pull is *prefetchable* when the previous iteration wrote nothing to that row
+at the PS (no Accumulate, Put or write-back): its value is final before the
+previous iteration ends, so the runtime may read it while that iteration
+computes. For one *focus* worker (the runtime's own) ``set_needs`` also builds
+the per-sample index of its unique rows (``focus_needs``).
+
+Memory, per rank: 8 bytes per embedding row per 64 holders (the holder bits),
+24 bytes per cache slot of every worker (4 row + 8 replacement links + 12 for
+the row -> slot table of 8-byte entries at load <= 2/3; LFU adds 4), and
+scratch that follows the global batch (the needs table, the written-row sets
+and the event records: about 550 bytes per (worker, row) pair of a batch).
+Nothing per iteration touches an array of table or cache size.
 """
 import hashlib
 
 import numpy as np
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
+
+from counter_hash cimport mix64
 
 cdef extern from *:
     int popcount64 "__builtin_popcountll"(unsigned long long) nogil
@@ -40,12 +53,13 @@ cdef enum:
     LFU_BUCKETS = 256
 
 # Event kinds recorded by train() and plan(); the runtime executes them, the
-# simulator counts them (DESIGN.md section 6).
+# simulator counts them (docs/design.md section 6).
 PULL, WRITEBACK, LOCAL, ACCUMULATE, FULL_SET_PUSH, PLAN_PUSH, P2P = range(7)
 KIND_NAMES = ("pull", "writeback", "local", "accumulate", "full_set_push", "plan_push", "p2p")
 cdef enum:
     PS_BIT = 0          # holder bit of the parameter server; worker w is bit w + 1
     EMPTY = -1
+    N_KINDS = 7
 
 cdef enum:
     K_PULL = 0
@@ -58,15 +72,30 @@ cdef enum:
 
 
 class StateError(RuntimeError):
-    """The state machine reached a state DESIGN.md section 3 rules out."""
+    """The state machine reached a state docs/design.md section 3 rules out."""
 
 
 cdef int64_t LOW32 = (<int64_t>1 << 32) - 1
+cdef int64_t NEVER = -(<int64_t>1 << 62)   # stamp of a written-set entry that was never used
+cdef uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL
 
 
 cdef inline uint64_t row_hash(int64_t row) noexcept nogil:
-    cdef uint64_t x = <uint64_t>row * <uint64_t>0x9E3779B97F4A7C15ULL
+    cdef uint64_t x = <uint64_t>row * GOLDEN
     return x ^ (x >> 29)
+
+
+cdef inline int64_t fib_home(int64_t row, int shift) noexcept nogil:
+    """Home of ``row`` in a power-of-two table of ``2 ** (64 - shift)`` entries (Fibonacci hashing)."""
+    return <int64_t>((<uint64_t>row * GOLDEN) >> shift)
+
+
+cdef int table_bits(int64_t entries):
+    """log2 of the smallest power of two >= ``entries`` (at least 16 entries)."""
+    cdef int bits = 4
+    while (<int64_t>1 << bits) < entries:
+        bits += 1
+    return bits
 
 
 cdef class ClusterState:
@@ -78,6 +107,7 @@ cdef class ClusterState:
     cdef readonly bint full_set              # vanilla synchronization: push every trained row
     cdef readonly bint p2p                   # P2P plans: a row one other worker needs goes owner -> worker
     cdef readonly int64_t max_pairs          # (row, worker) needs one iteration may hold
+    cdef public int focus                    # worker whose per-sample index set_needs builds (-1: none)
 
     # L(e): holders of the latest value of each row, words per row
     cdef uint64_t[::1] holders
@@ -99,9 +129,13 @@ cdef class ClusterState:
     cdef int64_t[::1] table
     cdef int64_t table_size
 
-    # needs of the current iteration: distinct rows, their worker sets, and
-    # (worker, row) pairs sorted by worker
-    cdef int64_t[::1] need_tag               # per row: epoch << 32 | index in need_rows (one load)
+    # Needs of the current iteration: distinct rows (found through an
+    # epoch-tagged hash table of batch size: no per-row array), their worker
+    # sets, and (worker, row) pairs sorted by worker.
+    cdef int64_t[::1] need_key               # row of each table entry
+    cdef int64_t[::1] need_val               # epoch << 32 | index in need_rows; stale epoch = free
+    cdef int need_shift
+    cdef int64_t need_mask
     cdef int32_t epoch
     cdef int64_t n_need
     cdef int64_t[::1] need_rows
@@ -117,22 +151,52 @@ cdef class ClusterState:
     cdef int64_t[::1] tmp_row                # set_needs scratch
     cdef int32_t[::1] tmp_worker
     cdef int32_t[::1] tmp_need
+    cdef int32_t[::1] tmp_pos                # scratch pair -> its position after sorting by worker
     cdef int64_t[::1] worker_fill
     cdef int64_t[::1] worker_start           # pairs of worker w: [worker_start[w], worker_start[w+1])
     cdef bint needs_ready
+    cdef int n_tables                        # columns of the last set_needs batch
+    # focus worker: its samples and, per (sample, table), the position of the row among its pairs
+    cdef int32_t[::1] need_focus             # per need: scratch index of the focus worker's pair, or EMPTY
+    cdef int64_t[::1] focus_sample
+    cdef int32_t[::1] focus_entry
+    cdef int64_t n_focus
 
-    # event records of the last train()/plan() call
+    # Rows written to the PS (Accumulate, Put, write-back) by iteration t, in
+    # table t & 1 with stamp t: the previous iteration's set decides which
+    # pulls are prefetchable. Entries of older iterations count as free.
+    cdef int64_t[::1] written_key
+    cdef int64_t[::1] written_stamp
+    cdef int written_shift
+    cdef int64_t written_mask
+    cdef int64_t written_size
+    cdef readonly int64_t iteration          # train() calls so far, minus one
+
+    # event records of the last train()/plan() call, then grouped by (worker, kind)
     cdef int64_t[::1] ev_row
     cdef int32_t[::1] ev_worker
     cdef int32_t[::1] ev_slot
     cdef int32_t[::1] ev_kind
     cdef int32_t[::1] ev_peer                # P2P: the sending worker and its slot, else EMPTY
     cdef int32_t[::1] ev_peer_slot
+    cdef int32_t[::1] ev_pair                # updates: position of the row among its worker's pairs
+    cdef int8_t[::1] ev_early                # pulls: prefetchable
     cdef int64_t n_events
+    cdef int64_t[::1] sv_row
+    cdef int32_t[::1] sv_worker
+    cdef int32_t[::1] sv_slot
+    cdef int32_t[::1] sv_kind
+    cdef int32_t[::1] sv_peer
+    cdef int32_t[::1] sv_peer_slot
+    cdef int32_t[::1] sv_pair
+    cdef int8_t[::1] sv_early
+    cdef int64_t[::1] ev_start               # events of (w, kind) in [ev_start[w * 7 + k], ev_start[w * 7 + k + 1])
+    cdef int64_t[::1] ev_fill
+    cdef readonly uint64_t event_digest      # hash of the last call's grouped events
 
 
     def __init__(self, *, int n_workers, int64_t n_rows, int64_t capacity, bint full_set,
-                 int64_t max_pairs, bint p2p=False, str policy="lru"):
+                 int64_t max_pairs, bint p2p=False, str policy="lru", int focus=-1):
         if n_workers < 1:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
         if n_rows < 1 or n_rows >= 2**31:
@@ -141,6 +205,8 @@ cdef class ClusterState:
             raise ValueError(f"capacity must be >= 1 slot, got {capacity}")
         if max_pairs < 1:
             raise ValueError(f"max_pairs must be >= 1, got {max_pairs}")
+        if focus < -1 or focus >= n_workers:
+            raise ValueError(f"focus must be a worker in [0, {n_workers}) or -1, got {focus}")
         self.n_workers = n_workers
         self.words = (n_workers + 1 + 63) // 64
         self.n_rows = n_rows
@@ -150,11 +216,11 @@ cdef class ClusterState:
         self.full_set = full_set
         self.p2p = p2p
         self.max_pairs = max_pairs
+        self.focus = focus
 
-        self.holders = np.zeros(n_rows * self.words, dtype=np.uint64)
-        cdef int64_t r
-        for r in range(n_rows):
-            self.holders[r * self.words] = 1  # L(e) = {PS}
+        holders = np.zeros((n_rows, self.words), dtype=np.uint64)
+        holders[:, 0] = 1  # L(e) = {PS}
+        self.holders = holders.reshape(-1)
 
         self.slot_row = np.full(n_workers * capacity, EMPTY, dtype=np.int32)
         if policy not in ("lru", "lfu"):
@@ -170,7 +236,11 @@ cdef class ClusterState:
         self.table_size = capacity + capacity // 2 + 1  # load <= 2/3
         self.table = np.full(n_workers * self.table_size, EMPTY, dtype=np.int64)
 
-        self.need_tag = np.zeros(n_rows, dtype=np.int64)
+        cdef int bits = table_bits(2 * max_pairs)  # load <= 1/2
+        self.need_shift = 64 - bits
+        self.need_mask = (<int64_t>1 << bits) - 1
+        self.need_key = np.zeros(1 << bits, dtype=np.int64)
+        self.need_val = np.zeros(1 << bits, dtype=np.int64)
         self.epoch = 0
         self.need_rows = np.zeros(max_pairs, dtype=np.int64)
         self.need_masks = np.zeros(max_pairs * self.words, dtype=np.uint64)
@@ -184,19 +254,48 @@ cdef class ClusterState:
         self.tmp_row = np.zeros(max_pairs, dtype=np.int64)
         self.tmp_worker = np.zeros(max_pairs, dtype=np.int32)
         self.tmp_need = np.zeros(max_pairs, dtype=np.int32)
+        self.tmp_pos = np.zeros(max_pairs, dtype=np.int32)
         self.worker_fill = np.zeros(n_workers + 1, dtype=np.int64)
         self.worker_start = np.zeros(n_workers + 1, dtype=np.int64)
         self.n_need = 0
         self.n_pairs = 0
         self.needs_ready = False
+        self.n_tables = 0
+        self.need_focus = np.full(max_pairs, EMPTY, dtype=np.int32)
+        self.focus_sample = np.zeros(max_pairs, dtype=np.int64)
+        self.focus_entry = np.zeros(max_pairs, dtype=np.int32)
+        self.n_focus = 0
 
-        self.ev_row = np.zeros(3 * max_pairs, dtype=np.int64)
-        self.ev_worker = np.zeros(3 * max_pairs, dtype=np.int32)
-        self.ev_slot = np.zeros(3 * max_pairs, dtype=np.int32)
-        self.ev_kind = np.zeros(3 * max_pairs, dtype=np.int32)
-        self.ev_peer = np.zeros(3 * max_pairs, dtype=np.int32)
-        self.ev_peer_slot = np.zeros(3 * max_pairs, dtype=np.int32)
+        # distinct rows written per iteration: write-backs + trained rows + plan pushes <= 3 * max_pairs
+        bits = table_bits(4 * max_pairs)
+        self.written_shift = 64 - bits
+        self.written_size = <int64_t>1 << bits
+        self.written_mask = self.written_size - 1
+        self.written_key = np.zeros(2 * self.written_size, dtype=np.int64)
+        self.written_stamp = np.full(2 * self.written_size, NEVER, dtype=np.int64)
+        self.iteration = -1
+
+        cdef int64_t n_ev = 3 * max_pairs
+        self.ev_row = np.zeros(n_ev, dtype=np.int64)
+        self.ev_worker = np.zeros(n_ev, dtype=np.int32)
+        self.ev_slot = np.zeros(n_ev, dtype=np.int32)
+        self.ev_kind = np.zeros(n_ev, dtype=np.int32)
+        self.ev_peer = np.zeros(n_ev, dtype=np.int32)
+        self.ev_peer_slot = np.zeros(n_ev, dtype=np.int32)
+        self.ev_pair = np.zeros(n_ev, dtype=np.int32)
+        self.ev_early = np.zeros(n_ev, dtype=np.int8)
+        self.sv_row = np.zeros(n_ev, dtype=np.int64)
+        self.sv_worker = np.zeros(n_ev, dtype=np.int32)
+        self.sv_slot = np.zeros(n_ev, dtype=np.int32)
+        self.sv_kind = np.zeros(n_ev, dtype=np.int32)
+        self.sv_peer = np.zeros(n_ev, dtype=np.int32)
+        self.sv_peer_slot = np.zeros(n_ev, dtype=np.int32)
+        self.sv_pair = np.zeros(n_ev, dtype=np.int32)
+        self.sv_early = np.zeros(n_ev, dtype=np.int8)
+        self.ev_start = np.zeros(n_workers * N_KINDS + 1, dtype=np.int64)
+        self.ev_fill = np.zeros(n_workers * N_KINDS + 1, dtype=np.int64)
         self.n_events = 0
+        self.event_digest = 0
 
     # ---------------------------------------------------------------- holders
     cdef inline bint has_bit(self, int64_t row, int bit) noexcept nogil:
@@ -350,19 +449,96 @@ cdef class ClusterState:
                 return s
         return EMPTY
 
-    # ----------------------------------------------------------------- events
-    cdef inline void record(self, int kind, int w, int64_t row, int32_t slot) noexcept nogil:
-        self.record_p2p(kind, w, row, slot, EMPTY, EMPTY)
+    # ------------------------------------------------------------ needs table
+    cdef inline int64_t need_position(self, int64_t row) noexcept nogil:
+        """Entry of ``row`` in the needs table, or the free entry where it belongs."""
+        cdef int64_t i = fib_home(row, self.need_shift)
+        while (self.need_val[i] >> 32) == self.epoch and self.need_key[i] != row:
+            i = (i + 1) & self.need_mask
+        return i
 
-    cdef inline void record_p2p(self, int kind, int w, int64_t row, int32_t slot, int32_t peer,
-                                int32_t peer_slot) noexcept nogil:
-        self.ev_kind[self.n_events] = kind
-        self.ev_worker[self.n_events] = w
-        self.ev_row[self.n_events] = row
-        self.ev_slot[self.n_events] = slot
-        self.ev_peer[self.n_events] = peer
-        self.ev_peer_slot[self.n_events] = peer_slot
-        self.n_events += 1
+    cdef inline int64_t need_index(self, int64_t row) noexcept nogil:
+        """Index of ``row`` among this iteration's needed rows, or -1."""
+        cdef int64_t i = self.need_position(row)
+        if (self.need_val[i] >> 32) != self.epoch:
+            return -1
+        return self.need_val[i] & LOW32
+
+    cdef inline bint needed_by(self, int64_t row, int w) noexcept nogil:
+        cdef int bit = w + 1
+        cdef int64_t k = self.need_index(row)
+        if k < 0:
+            return False
+        return (self.need_masks[k * self.words + (bit >> 6)] >> (bit & 63)) & 1
+
+    # ------------------------------------------------------- written-row sets
+    cdef inline void mark_written(self, int64_t row) noexcept nogil:
+        """``row`` is written to the PS in the current iteration."""
+        cdef int64_t base = (self.iteration & 1) * self.written_size
+        cdef int64_t i = fib_home(row, self.written_shift)
+        while self.written_stamp[base + i] == self.iteration:
+            if self.written_key[base + i] == row:
+                return
+            i = (i + 1) & self.written_mask
+        self.written_key[base + i] = row
+        self.written_stamp[base + i] = self.iteration
+
+    cdef inline bint written_before(self, int64_t row) noexcept nogil:
+        """Whether the previous iteration wrote ``row`` to the PS."""
+        cdef int64_t previous = self.iteration - 1
+        cdef int64_t base = (previous & 1) * self.written_size
+        cdef int64_t i = fib_home(row, self.written_shift)
+        while self.written_stamp[base + i] == previous:
+            if self.written_key[base + i] == row:
+                return True
+            i = (i + 1) & self.written_mask
+        return False
+
+    # ----------------------------------------------------------------- events
+    cdef inline void record(self, int kind, int w, int64_t row, int32_t slot, int32_t pair) noexcept nogil:
+        cdef int64_t n = self.n_events
+        self.ev_kind[n] = kind
+        self.ev_worker[n] = w
+        self.ev_row[n] = row
+        self.ev_slot[n] = slot
+        self.ev_peer[n] = EMPTY
+        self.ev_peer_slot[n] = EMPTY
+        self.ev_pair[n] = pair
+        self.ev_early[n] = 0
+        self.n_events = n + 1
+        if kind != K_PULL and kind != K_LOCAL and kind != K_P2P:
+            self.mark_written(row)
+
+    cdef void group_events(self) noexcept nogil:
+        """Stable counting sort of the recorded events by (worker, kind), then their digest."""
+        cdef int64_t i, k, n_groups = self.n_workers * N_KINDS
+        cdef uint64_t h = 0
+        for k in range(n_groups + 1):
+            self.ev_start[k] = 0
+        for i in range(self.n_events):
+            self.ev_start[self.ev_worker[i] * N_KINDS + self.ev_kind[i] + 1] += 1
+        for k in range(n_groups):
+            self.ev_start[k + 1] += self.ev_start[k]
+        for k in range(n_groups + 1):
+            self.ev_fill[k] = self.ev_start[k]
+        for i in range(self.n_events):
+            k = self.ev_fill[self.ev_worker[i] * N_KINDS + self.ev_kind[i]]
+            self.ev_fill[self.ev_worker[i] * N_KINDS + self.ev_kind[i]] = k + 1
+            self.sv_row[k] = self.ev_row[i]
+            self.sv_worker[k] = self.ev_worker[i]
+            self.sv_slot[k] = self.ev_slot[i]
+            self.sv_kind[k] = self.ev_kind[i]
+            self.sv_peer[k] = self.ev_peer[i]
+            self.sv_peer_slot[k] = self.ev_peer_slot[i]
+            self.sv_pair[k] = self.ev_pair[i]
+            self.sv_early[k] = self.ev_early[i]
+        for k in range(self.n_events):
+            h = mix64(h ^ <uint64_t>self.sv_row[k])
+            h = mix64(h ^ ((<uint64_t><uint32_t>self.sv_slot[k] << 32) | (<uint64_t>self.sv_kind[k] << 24)
+                           | (<uint64_t>self.sv_early[k] << 16)))
+            h = mix64(h ^ ((<uint64_t><uint32_t>self.sv_worker[k] << 32) | <uint32_t>self.sv_peer[k]))
+            h = mix64(h ^ <uint32_t>self.sv_peer_slot[k])
+        self.event_digest = mix64(h ^ <uint64_t>self.n_events)
 
     # ------------------------------------------------------------------ needs
     def set_needs(self, const int64_t[:, ::1] rows, const int32_t[::1] alloc):
@@ -380,31 +556,37 @@ cdef class ClusterState:
             where = np.argwhere((np.asarray(rows) < 0) | (np.asarray(rows) >= self.n_rows))[0]
             raise ValueError(f"rows[{where[0]}, {where[1]}] = {np.asarray(rows)[tuple(where)]} "
                              f"is not a row in [0, {self.n_rows})")
-        cdef int64_t i, t, e, k, p, tag, n_tmp = 0
+        cdef int64_t i, t, e, k, p, pos, tag, n_tmp = 0, n_entry = 0
         cdef int w, bit
+        cdef int focus = self.focus
         cdef uint64_t flag
         cdef int64_t epoch_bits
         with nogil:
             self.epoch += 1
             epoch_bits = (<int64_t>self.epoch) << 32
             self.n_need = 0
+            self.n_focus = 0
+            self.n_tables = rows.shape[1]
             for w in range(self.n_workers + 1):
                 self.worker_fill[w] = 0
             for i in range(rows.shape[0]):
                 w = alloc[i]
                 bit = w + 1
                 flag = (<uint64_t>1) << (bit & 63)
-                if i + 1 < rows.shape[0]:
-                    for t in range(rows.shape[1]):
-                        prefetch(&self.need_tag[rows[i + 1, t]])
+                if w == focus:
+                    self.focus_sample[self.n_focus] = i
+                    self.n_focus += 1
                 for t in range(rows.shape[1]):
                     e = rows[i, t]
-                    tag = self.need_tag[e]
+                    pos = self.need_position(e)
+                    tag = self.need_val[pos]
                     if (tag >> 32) != self.epoch:
                         tag = epoch_bits | self.n_need
-                        self.need_tag[e] = tag
+                        self.need_key[pos] = e
+                        self.need_val[pos] = tag
                         self.need_rows[self.n_need] = e
                         self.need_trainers[self.n_need] = 0
+                        self.need_focus[self.n_need] = EMPTY
                         for k in range(self.words):
                             self.need_masks[self.n_need * self.words + k] = 0
                         self.n_need += 1
@@ -415,8 +597,13 @@ cdef class ClusterState:
                         self.tmp_row[n_tmp] = e
                         self.tmp_worker[n_tmp] = w
                         self.tmp_need[n_tmp] = <int32_t>(tag & LOW32)
+                        if w == focus:
+                            self.need_focus[tag & LOW32] = <int32_t>n_tmp
                         n_tmp += 1
                         self.worker_fill[w + 1] += 1
+                    if w == focus:
+                        self.focus_entry[n_entry] = self.need_focus[tag & LOW32]
+                        n_entry += 1
             # counting sort of (worker, row) pairs by worker, first-appearance order within
             for w in range(self.n_workers):
                 self.worker_fill[w + 1] += self.worker_fill[w]
@@ -426,12 +613,16 @@ cdef class ClusterState:
                 w = self.tmp_worker[p]
                 k = self.worker_fill[w]
                 self.worker_fill[w] += 1
+                self.tmp_pos[p] = <int32_t>k
                 self.pair_row[k] = self.tmp_row[p]
                 self.pair_worker[k] = w
                 self.pair_need[k] = self.tmp_need[p]
                 self.pair_slot[k] = EMPTY
                 self.pair_source[k] = EMPTY
             self.n_pairs = n_tmp
+            if focus >= 0:
+                for k in range(n_entry):
+                    self.focus_entry[k] = <int32_t>(self.tmp_pos[self.focus_entry[k]] - self.worker_start[focus])
         self.needs_ready = True
 
     # ------------------------------------------------------------------ train
@@ -442,6 +633,7 @@ cdef class ClusterState:
         cdef int64_t bad_row = -1
         cdef int w
         with nogil:
+            self.iteration += 1
             self.n_events = 0
             if self.p2p:
                 self.match_p2p()
@@ -451,6 +643,7 @@ cdef class ClusterState:
                     break
             if bad_row < 0:
                 self.update()
+            self.group_events()
         if bad_row >= 0:
             raise StateError(f"row {bad_row}: needed by worker {w} but neither fresh there nor held by the PS"
                              if bad_row < self.n_rows else
@@ -479,7 +672,7 @@ cdef class ClusterState:
 
     cdef int64_t pull_worker(self, int w) noexcept nogil:
         """Step 2 for worker ``w``; returns -1, or the offending row (n_rows + x: cache too small)."""
-        cdef int64_t p, e, victim, cbase = w * self.capacity
+        cdef int64_t p, e, victim, n, cbase = w * self.capacity
         cdef int64_t first = self.worker_start[w], last = self.worker_start[w + 1]
         cdef int32_t s
         cdef int owner
@@ -513,7 +706,7 @@ cdef class ClusterState:
                     victim = self.slot_row[cbase + s]
                     owner = self.dirty_owner(victim)
                     if owner == w:
-                        self.record(K_WRITEBACK, w, victim, s)
+                        self.record(K_WRITEBACK, w, victim, s, EMPTY)
                         self.set_only(victim, PS_BIT)
                     else:
                         self.clear_bit(victim, w + 1)
@@ -524,37 +717,37 @@ cdef class ClusterState:
                 self.lru_insert(w, s)
                 self.pair_slot[p] = s
             if self.pair_source[p] == EMPTY:
-                self.record(K_PULL, w, e, s)
+                n = self.n_events
+                self.record(K_PULL, w, e, s, EMPTY)
+                self.ev_early[n] = not self.written_before(e)
                 self.set_bit(e, w + 1)
             else:
-                self.record_p2p(K_P2P, w, e, s, self.pair_source[p], self.pair_source_slot[p])
+                n = self.n_events
+                self.record(K_P2P, w, e, s, EMPTY)
+                self.ev_peer[n] = self.pair_source[p]
+                self.ev_peer_slot[n] = self.pair_source_slot[p]
         return -1
-
-    cdef inline bint needed_by(self, int64_t row, int w) noexcept nogil:
-        cdef int bit = w + 1
-        cdef int64_t tag = self.need_tag[row]
-        if (tag >> 32) != self.epoch:
-            return False
-        return (self.need_masks[(tag & LOW32) * self.words + (bit >> 6)] >> (bit & 63)) & 1
 
     cdef void update(self) noexcept nogil:
         """Step 4: who holds the latest value of each trained row after the update."""
         cdef int64_t p, e
         cdef int w
+        cdef int32_t pair
         for p in range(self.n_pairs):
             if p + AHEAD < self.n_pairs:
                 prefetch(&self.holders[self.pair_row[p + AHEAD] * self.words])
             e = self.pair_row[p]
             w = self.pair_worker[p]
+            pair = <int32_t>(p - self.worker_start[w])
             if self.need_trainers[self.pair_need[p]] >= 2:
-                self.record(K_ACCUMULATE, w, e, self.pair_slot[p])
+                self.record(K_ACCUMULATE, w, e, self.pair_slot[p], pair)
                 self.set_only(e, PS_BIT)
             elif self.full_set:
-                self.record(K_FULL_SET_PUSH, w, e, self.pair_slot[p])
+                self.record(K_FULL_SET_PUSH, w, e, self.pair_slot[p], pair)
                 self.set_only(e, PS_BIT)
                 self.set_bit(e, w + 1)
             else:
-                self.record(K_LOCAL, w, e, self.pair_slot[p])
+                self.record(K_LOCAL, w, e, self.pair_slot[p], pair)
                 self.set_only(e, w + 1)
 
     # ------------------------------------------------------------------- plan
@@ -564,13 +757,15 @@ cdef class ClusterState:
         Without a next batch (the last iteration) nothing is planned. In
         full-set mode no row is ever dirty, so the plan is always empty.
         """
+        cdef int64_t p, e
+        cdef int owner
         self.n_events = 0
         if rows_next is None:
             self.needs_ready = False
+            with nogil:
+                self.group_events()
             return self.counts()
         self.set_needs(rows_next, alloc_next)
-        cdef int64_t p, e
-        cdef int owner
         with nogil:
             for p in range(self.n_pairs):
                 if p + AHEAD < self.n_pairs:
@@ -580,8 +775,9 @@ cdef class ClusterState:
                 if self.p2p and self.need_trainers[self.pair_need[p]] == 1:
                     continue  # only this worker needs it: sent peer to peer when t + 1 starts
                 if owner >= 0 and owner != self.pair_worker[p]:
-                    self.record(K_PLAN_PUSH, owner, e, self.find(owner, e))
+                    self.record(K_PLAN_PUSH, owner, e, self.find(owner, e), EMPTY)
                     self.set_bit(e, PS_BIT)
+            self.group_events()
         return self.counts()
 
     # ------------------------------------------------------------- flushing
@@ -589,27 +785,39 @@ cdef class ClusterState:
         """Give every dirty row to the PS too (before evaluation or a checkpoint).
 
         Returns (worker, row, slot) arrays of the rows each worker must write
-        back; afterwards the PS holds the latest value of every row.
+        back, by worker and slot; afterwards the PS holds the latest value of
+        every row. Only cached rows can be dirty, so this scans the caches.
         """
-        workers, rows, slots = [], [], []
-        cdef int64_t e
-        cdef int owner
-        for e in range(self.n_rows):
-            owner = self.dirty_owner(e)
-            if owner >= 0:
-                workers.append(owner)
-                rows.append(e)
-                slots.append(self.find(owner, e))
-                self.set_bit(e, PS_BIT)
-        return (np.asarray(workers, dtype=np.int32), np.asarray(rows, dtype=np.int64),
-                np.asarray(slots, dtype=np.int32))
+        cdef int64_t s, n = 0, k = 0
+        cdef int w
+        cdef int32_t e
+        with nogil:
+            for w in range(self.n_workers):
+                for s in range(self.used[w]):
+                    e = self.slot_row[w * self.capacity + s]
+                    if e != EMPTY and self.dirty_owner(e) == w:
+                        n += 1
+        workers_array = np.empty(n, dtype=np.int32)
+        rows_array = np.empty(n, dtype=np.int64)
+        slots_array = np.empty(n, dtype=np.int32)
+        cdef int32_t[::1] workers = workers_array, slots = slots_array
+        cdef int64_t[::1] rows = rows_array
+        with nogil:
+            for w in range(self.n_workers):
+                for s in range(self.used[w]):
+                    e = self.slot_row[w * self.capacity + s]
+                    if e != EMPTY and self.dirty_owner(e) == w:
+                        workers[k], rows[k], slots[k] = w, e, <int32_t>s
+                        self.set_bit(e, PS_BIT)
+                        k += 1
+        return workers_array, rows_array, slots_array
 
     # ------------------------------------------------------------ copying
     def copy(self):
         """An independent state with the same contents (for what-if evaluation)."""
-        clone = ClusterState(n_workers=self.n_workers, n_rows=self.n_rows, capacity=self.capacity,
-                             full_set=self.full_set, max_pairs=self.max_pairs, p2p=self.p2p,
-                             policy="lru" if self.buckets == 1 else "lfu")
+        cdef ClusterState clone = ClusterState(
+            n_workers=self.n_workers, n_rows=self.n_rows, capacity=self.capacity, full_set=self.full_set,
+            max_pairs=self.max_pairs, p2p=self.p2p, policy="lru" if self.buckets == 1 else "lfu", focus=self.focus)
         clone.holders[:] = self.holders
         clone.slot_row[:] = self.slot_row
         clone.lru_prev[:] = self.lru_prev
@@ -620,11 +828,10 @@ cdef class ClusterState:
         clone.lowest[:] = self.lowest
         clone.used[:] = self.used
         clone.table[:] = self.table
-        clone.need_tag[:] = self.need_tag
-        clone.epoch = self.epoch
+        clone.need_key[:] = self.need_key
+        clone.need_val[:] = self.need_val
         clone.need_rows[:] = self.need_rows
         clone.need_masks[:] = self.need_masks
-        clone.n_need = self.n_need
         clone.pair_row[:] = self.pair_row
         clone.pair_worker[:] = self.pair_worker
         clone.pair_slot[:] = self.pair_slot
@@ -633,8 +840,14 @@ cdef class ClusterState:
         clone.pair_source_slot[:] = self.pair_source_slot
         clone.need_trainers[:] = self.need_trainers
         clone.worker_start[:] = self.worker_start
-        clone.n_pairs = self.n_pairs
-        clone.needs_ready = self.needs_ready
+        clone.need_focus[:] = self.need_focus
+        clone.focus_sample[:] = self.focus_sample
+        clone.focus_entry[:] = self.focus_entry
+        clone.written_key[:] = self.written_key
+        clone.written_stamp[:] = self.written_stamp
+        clone.epoch, clone.n_need, clone.n_pairs = self.epoch, self.n_need, self.n_pairs
+        clone.needs_ready, clone.n_tables, clone.n_focus = self.needs_ready, self.n_tables, self.n_focus
+        clone.iteration = self.iteration
         return clone
 
     # ------------------------------------------------------------ inspection
@@ -644,20 +857,65 @@ cdef class ClusterState:
 
     def counts(self):
         """Events of the last train()/plan() call by kind name."""
-        kinds = np.asarray(self.ev_kind[:self.n_events])
-        tally = np.bincount(kinds, minlength=len(KIND_NAMES))
-        return dict(zip(KIND_NAMES, (int(x) for x in tally)))
+        tally = [0] * N_KINDS
+        cdef int w, k
+        for w in range(self.n_workers):
+            for k in range(N_KINDS):
+                tally[k] += self.ev_start[w * N_KINDS + k + 1] - self.ev_start[w * N_KINDS + k]
+        return dict(zip(KIND_NAMES, tally))
 
     def events(self):
-        """Events of the last call as arrays: kind, worker, row, slot (in execution order)."""
+        """Events of the last call as arrays kind, worker, row, slot: by worker, then kind, then in order."""
         n = self.n_events
-        return (np.asarray(self.ev_kind[:n]).copy(), np.asarray(self.ev_worker[:n]).copy(),
-                np.asarray(self.ev_row[:n]).copy(), np.asarray(self.ev_slot[:n]).copy())
+        return (np.asarray(self.sv_kind[:n]).copy(), np.asarray(self.sv_worker[:n]).copy(),
+                np.asarray(self.sv_row[:n]).copy(), np.asarray(self.sv_slot[:n]).copy())
 
     def peers(self):
         """For the events of the last call: sending worker and its slot of P2P events, else -1."""
         n = self.n_events
-        return np.asarray(self.ev_peer[:n]).copy(), np.asarray(self.ev_peer_slot[:n]).copy()
+        return np.asarray(self.sv_peer[:n]).copy(), np.asarray(self.sv_peer_slot[:n]).copy()
+
+    def prefetchable(self):
+        """For the events of the last call: pulls of rows the previous iteration did not write to the PS."""
+        return np.asarray(self.sv_early[:self.n_events]).astype(bool)
+
+    def worker_events(self, int w):
+        """Worker ``w``'s events of the last call, by kind name: copies of ``rows``, ``slots``,
+        ``pairs`` (updates: position among ``w``'s needed rows), ``early`` (pulls: prefetchable)
+        and, for P2P, ``peers`` and ``peer_slots``. Costs what ``w``'s events cost, not the batch's."""
+        if w < 0 or w >= self.n_workers:
+            raise ValueError(f"worker must be in [0, {self.n_workers}), got {w}")
+        result = {}
+        cdef int k
+        cdef int64_t a, b
+        for k in range(N_KINDS):
+            a, b = self.ev_start[w * N_KINDS + k], self.ev_start[w * N_KINDS + k + 1]
+            group = {"rows": np.asarray(self.sv_row[a:b]).copy(), "slots": np.asarray(self.sv_slot[a:b]).copy()}
+            if k == K_PULL:
+                group["early"] = np.asarray(self.sv_early[a:b]).astype(bool)
+            elif k == K_LOCAL or k == K_ACCUMULATE or k == K_FULL_SET_PUSH:
+                group["pairs"] = np.asarray(self.sv_pair[a:b]).copy()
+            elif k == K_P2P:
+                group["peers"] = np.asarray(self.sv_peer[a:b]).copy()
+                group["peer_slots"] = np.asarray(self.sv_peer_slot[a:b]).copy()
+            result[KIND_NAMES[k]] = group
+        return result
+
+    def focus_needs(self):
+        """The focus worker's part of the current needs, as copies.
+
+        ``samples`` (int64, positions in the batch), ``index`` (int32
+        [samples, tables]: each sample's rows as positions in ``rows``),
+        ``rows`` (int64, its distinct rows) and ``slots`` (int32, their cache
+        slots: valid once ``train()`` has placed them).
+        """
+        if self.focus < 0:
+            raise StateError("focus_needs() needs a focus worker (ClusterState(focus=w))")
+        cdef int64_t a = self.worker_start[self.focus], b = self.worker_start[self.focus + 1]
+        n, t = self.n_focus, self.n_tables
+        return (np.asarray(self.focus_sample[:n]).copy(),
+                np.asarray(self.focus_entry[:n * t]).reshape(n, t).copy(),
+                np.asarray(self.pair_row[a:b]).copy(), np.asarray(self.pair_slot[a:b]).copy())
 
     def holder_sets(self):
         """``L(e)`` of every row as a bool array [n_rows, 1 + n_workers] (column 0 = PS)."""
@@ -668,6 +926,13 @@ cdef class ClusterState:
     def cache_rows(self, int w):
         """Rows in worker ``w``'s cache by slot (-1 = free slot)."""
         return np.asarray(self.slot_row[w * self.capacity:(w + 1) * self.capacity]).copy()
+
+    def rows_at_slots(self, positions):
+        """Rows in the given cache slots of all workers (``w * capacity + slot``; -1 = free slot)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if len(positions) and (positions.min() < 0 or positions.max() >= self.n_workers * self.capacity):
+            raise ValueError(f"slot positions must be in [0, {self.n_workers * self.capacity})")
+        return np.asarray(self.slot_row)[positions].astype(np.int64)
 
     def slot_of(self, int w, int64_t row):
         """Slot of ``row`` in worker ``w``'s cache, or -1."""

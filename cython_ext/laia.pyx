@@ -3,7 +3,7 @@
 
 Scoring reads the cluster state's per-row holder bitsets: the score of
 sample ``i`` on worker ``w`` is the number of its rows whose latest value
-``w`` holds (DESIGN.md section 4). That costs samples x tables array reads
+``w`` holds (docs/design.md section 4). That costs samples x tables array reads
 plus one step per holder bit, not samples x workers x tables set lookups.
 
 Allocation gives each sample, in order, to the highest-scoring worker that

@@ -129,7 +129,7 @@ class TableProfiler:
     it is usually trained by one worker and stays fresh there, which is what
     LAIA exploits; frequent rows are needed by every worker anyway. A table's
     DoI is the share of its cached rows that are infrequent, so high-DoI
-    tables are the ones worth scoring (DESIGN.md section 4).
+    tables are the ones worth scoring (docs/design.md section 4).
     """
 
     def __init__(self, cardinalities):
@@ -145,9 +145,10 @@ class TableProfiler:
         self.iterations += 1
 
     def _fold(self) -> None:
+        """Add the pending batches' accesses: work that follows the batches, not the tables."""
         if self._pending:
-            ids = np.concatenate(self._pending)
-            self.counts += np.bincount(ids, minlength=len(self.counts))
+            rows, seen = np.unique(np.concatenate(self._pending), return_counts=True)
+            self.counts[rows] += seen
             self._pending.clear()
 
     def degree_of_infrequency(self, cached_rows: np.ndarray) -> np.ndarray:
@@ -158,6 +159,9 @@ class TableProfiler:
         infrequent = (self.counts[cached_rows] < self.iterations).astype(np.float64)
         cached = np.bincount(table, minlength=n_tables)
         return np.bincount(table, weights=infrequent, minlength=n_tables) / np.maximum(cached, 1)
+
+
+DOI_SAMPLE = 8192  # cache slots sampled to estimate each table's degree of infrequency
 
 
 class AdaptiveLaiaAllocation(LaiaAllocation):
@@ -178,6 +182,20 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
         self.score_tables, self.budget_ms, self.profile_every = score_tables, budget_ms, profile_every
         self.cost_per_table_ms = 0.0
         self.doi = np.zeros(self.n_tables)
+        self._doi_stream = stream_id("doi-sample")
+
+    def _sampled_slots(self, iteration: int) -> np.ndarray:
+        """``DOI_SAMPLE`` cache slots of all workers, drawn by counter hash (the same on every rank).
+
+        DoI is a share over cached rows, so a uniform sample of slots
+        estimates it at a cost that does not grow with the caches.
+        """
+        total = self.n_workers * self.state.capacity
+        if total <= DOI_SAMPLE:
+            return np.arange(total, dtype=np.int64)
+        draws = hash3(self.seed, self._doi_stream, np.uint64(iteration) * np.uint64(DOI_SAMPLE)
+                      + np.arange(DOI_SAMPLE, dtype=np.uint64))
+        return (draws % np.uint64(total)).astype(np.int64)
 
     def set_budget(self, budget_ms: float) -> None:
         self.budget_ms = budget_ms
@@ -192,7 +210,7 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
     def allocate(self, rows: np.ndarray, iteration: int) -> np.ndarray:
         self.profiler.observe(rows)
         if iteration % self.profile_every == 0 and iteration > 0:
-            cached = np.unique(np.concatenate([self.state.cache_rows(w) for w in range(self.n_workers)]))
+            cached = self.state.rows_at_slots(self._sampled_slots(iteration))
             self.doi = self.profiler.degree_of_infrequency(cached[cached >= 0])
             order = np.argsort(-self.doi, kind="stable")
             self.tables = np.sort(order[:self.table_count()]).astype(np.int32)

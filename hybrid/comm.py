@@ -1,4 +1,4 @@
-"""Process roles and the collectives the runtime needs (DESIGN.md section 2).
+"""Process roles and the collectives the runtime needs (docs/design.md section 2).
 
 ``COMM_WORLD`` is split into workers (ranks ``0 .. n-1``: worker ``w`` is
 world rank ``w``) and PS ranks (the last ``n_ps`` ranks). Horovod is
@@ -12,6 +12,8 @@ MPI; Horovod is imported here, lazily, so data tools run without it.
 """
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 
 from mpi4py import MPI
@@ -31,6 +33,25 @@ class Roles:
     n_workers: int
     n_ps: int
     workers: MPI.Comm  # MPI.COMM_NULL on PS ranks
+    node_ranks: int = 1  # ranks on this rank's host
+    node_cores: int = 1  # cores those ranks may run on, together
+
+    @property
+    def oversubscribed(self) -> bool:
+        """More ranks than cores on this host: a rank that spins while waiting takes another's core."""
+        return self.node_ranks > self.node_cores
+
+    @property
+    def threads(self) -> int:
+        """Compute threads per rank that share this host's cores without oversubscribing them."""
+        return max(1, self.node_cores // self.node_ranks)
+
+    def worker_barrier(self) -> None:
+        """The workers' barrier: MPI's (spinning) when each rank has a core, sleeping when they share."""
+        if self.oversubscribed:
+            idle_barrier(self.workers, poll_seconds=0.0002)
+        else:
+            self.workers.Barrier()
 
     @property
     def rank(self) -> int:
@@ -64,7 +85,12 @@ def split_roles(n_workers: int, n_ps: int, world: MPI.Comm = MPI.COMM_WORLD) -> 
                         f"-n {n_workers + n_ps} or change cluster.workers")
     is_worker = world.rank < n_workers
     workers = world.Split(0 if is_worker else MPI.UNDEFINED, world.rank)
-    return Roles(world=world, n_workers=n_workers, n_ps=n_ps, workers=workers)
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)
+    cores = set().union(*node.allgather(os.sched_getaffinity(0)))
+    node_ranks = node.size
+    node.Free()
+    return Roles(world=world, n_workers=n_workers, n_ps=n_ps, workers=workers, node_ranks=node_ranks,
+                 node_cores=len(cores))
 
 
 def check_agreement(world: MPI.Comm, **values: str) -> None:
@@ -79,6 +105,20 @@ def check_agreement(world: MPI.Comm, **values: str) -> None:
             detail = "; ".join(f"ranks {ranks}: {value}" for value, ranks in groups.items())
             raise AgreementError(f"ranks disagree on {key} ({detail}); every rank must use the same "
                                  f"config file, overrides and data store")
+
+
+def idle_barrier(comm: MPI.Comm, poll_seconds: float = 0.001) -> None:
+    """A barrier that sleeps instead of spinning (collective).
+
+    PS ranks wait out a whole training run in a barrier. MPI's blocking
+    barrier polls at full speed and, with more ranks than cores, takes CPU
+    from the workers; this one tests a non-blocking barrier every
+    ``poll_seconds`` (each test also drives MPI progress for passive-target
+    operations on transports that need it).
+    """
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(poll_seconds)
 
 
 def init_horovod(roles: Roles):

@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 
 
 class Mode(str, enum.Enum):
-    """Scheduling/synchronization mode (DESIGN.md section 7)."""
+    """Scheduling/synchronization mode (docs/design.md section 7)."""
 
     vanilla = "vanilla"
     laia = "laia"
@@ -117,6 +117,8 @@ class TrainConfig:
     dense_optimizer: DenseOptimizer = DenseOptimizer.sgd
     eval_every: int = 0
     verify_cache: bool = False  # debug: each iteration, compare fresh cached rows with the PS
+    overlap: bool = True  # read the next iteration's prefetchable rows and finish writes behind other work
+    threads: int = 0  # torch compute threads per worker (0 = this host's cores / its ranks, at least 1)
     device: str = "auto"  # auto (CUDA when present and Horovod has NCCL), cpu, cuda
 
 
@@ -217,6 +219,7 @@ def validate(config: Config) -> None:
     _check(c.train.iterations >= 0, "train.iterations", f"must be >= 0 (0 = one pass), got {c.train.iterations}")
     _check(c.train.embedding_lr > 0, "train.embedding_lr", f"must be > 0, got {c.train.embedding_lr}")
     _check(c.train.dense_lr > 0, "train.dense_lr", f"must be > 0, got {c.train.dense_lr}")
+    _check(c.train.threads >= 0, "train.threads", f"must be >= 0 (0 = cores / ranks per host), got {c.train.threads}")
     _check(c.train.eval_every >= 0, "train.eval_every", f"must be >= 0 (0 = only at the end), got {c.train.eval_every}")
     _check(c.train.device in ("auto", "cpu", "cuda"), "train.device",
            f"expected one of auto, cpu, cuda, got {c.train.device!r}")

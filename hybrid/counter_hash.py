@@ -1,7 +1,7 @@
 """Counter-based hashing: randomness as a pure function of (seed, stream, counter).
 
 Every rank must draw the same "random" numbers without sharing an RNG state,
-and results must not depend on chunking or thread count (DESIGN.md section 3).
+and results must not depend on chunking or thread count (docs/design.md section 3).
 So draws are hashes of their coordinates, never the next value of a stateful
 generator. This is the NumPy twin of ``cython_ext/counter_hash.pxd``.
 """

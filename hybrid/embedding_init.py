@@ -2,19 +2,37 @@
 
 The PS ranks initialize their shards and the single-process reference its
 whole tables with the same function, so both start from identical weights
-however the rows are sharded.
+however the rows are sharded. ``fill_initial_rows`` is the in-place kernel a
+PS rank runs over its shard (no temporaries: start-up memory is the shard);
+``initial_rows`` computes the same values for any set of rows, in NumPy.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
+from hybrid._ext.hash_kernels import fill_uniform_rows
 from hybrid.counter_hash import hash3, stream_id
+
+_STREAM = stream_id("embedding-init")
+
+
+def _scale(dim: int, scale: float | None) -> float:
+    """Uniform(-1/sqrt(dim), 1/sqrt(dim)) by default, as DLRM's tables."""
+    return 1.0 / np.sqrt(dim) if scale is None else scale
 
 
 def initial_rows(seed: int, rows: np.ndarray, dim: int, dtype=np.float32, scale: float | None = None) -> np.ndarray:
     """Uniform(-scale, scale) values of ``rows`` (default scale 1/sqrt(dim), as DLRM's tables)."""
     rows = np.asarray(rows, dtype=np.uint64)
-    scale = 1.0 / np.sqrt(dim) if scale is None else scale
     cells = rows[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)[None, :]
-    u = (hash3(seed, stream_id("embedding-init"), cells) >> np.uint64(11)).astype(np.float64) / float(2**53)
-    return ((2.0 * u - 1.0) * scale).astype(dtype)
+    u = (hash3(seed, _STREAM, cells) >> np.uint64(11)).astype(np.float64) / float(2**53)
+    return ((2.0 * u - 1.0) * _scale(dim, scale)).astype(dtype)
+
+
+def fill_initial_rows(out: np.ndarray, seed: int, first_row: int, scale: float | None = None,
+                      threads: int | None = None) -> None:
+    """Fill ``out`` ([n, dim], float32/64, C-contiguous) with the rows ``first_row ..`` in place."""
+    threads = len(os.sched_getaffinity(0)) if threads is None else threads
+    fill_uniform_rows(out, seed, _STREAM, first_row, _scale(out.shape[1], scale), threads)

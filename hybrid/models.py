@@ -4,7 +4,7 @@ Every model maps ``dense`` [B, n_dense] and ``emb`` [B, n_tables, dim] (the
 embedding row of each table for each sample, gathered from the worker's
 cache) to one logit per sample. No layer mixes samples (no batch norm), so a
 global batch split over workers computes exactly what one process would:
-the BSP equivalence the project is built on (DESIGN.md section 9).
+the BSP equivalence the project is built on (docs/design.md section 9).
 
 Notation: ``x`` = dense features, ``e_t`` = embedding of table ``t``,
 ``MLP`` = Linear+ReLU layers (the last layer of a tower is linear).

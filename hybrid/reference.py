@@ -1,6 +1,6 @@
 """The single-process reference: plain torch SGD on the whole global batch.
 
-This is what every BSP mode must reproduce exactly (DESIGN.md section 9):
+This is what every BSP mode must reproduce exactly (docs/design.md section 9):
 the same initial embeddings and MLP, the same global batches in the same
 order, the mean loss over the global batch, SGD on embeddings and MLP.
 """

@@ -1,4 +1,4 @@
-"""Embedding tables in MPI one-sided windows on the PS ranks (DESIGN.md section 2).
+"""Embedding tables in MPI one-sided windows on the PS ranks (docs/design.md section 2).
 
 PS ranks are passive: each allocates its shard of rows with
 ``MPI.Win.Allocate`` (displacement unit = one row) and otherwise only waits
@@ -10,17 +10,25 @@ A batched operation issues one RMA call per PS rank, whatever the number of
 rows: the scattered target rows are described by one indexed datatype
 (blocks of one row at the rows' displacements), the origin side is a
 contiguous staging buffer. Operations return a :class:`Handle`; ``wait()``
-completes them (``Flush``) and, for reads, scatters the rows into place.
+completes them (``Flush``) and, for reads, scatters the rows into place;
+``complete(*handles)`` completes several with one ``Flush`` per PS rank.
 Workers hold a shared passive-target epoch (``Lock_all``) for the store's
 whole life; ``close()`` ends it and frees the window collectively.
+
+Start-up follows a shard: each PS rank fills only its own rows, in place in
+the window memory (``init(shard, first_row)``), so its peak memory is the
+shard plus the process itself, and all PS ranks initialize in parallel.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
+
+from hybrid.comm import idle_barrier
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
 
@@ -43,7 +51,11 @@ class RowRanges:
         return rows % self.shard_rows
 
     def rows_of(self, shard: int) -> np.ndarray:
-        return np.arange(shard * self.shard_rows, min(self.n_rows, (shard + 1) * self.shard_rows), dtype=np.int64)
+        return np.arange(*self.bounds(shard), dtype=np.int64)
+
+    def bounds(self, shard: int) -> tuple[int, int]:
+        """First and one-past-last global row of ``shard``."""
+        return min(self.n_rows, shard * self.shard_rows), min(self.n_rows, (shard + 1) * self.shard_rows)
 
 
 @dataclass
@@ -57,10 +69,10 @@ class Handle:
     done: bool = False
 
     def wait(self) -> None:
-        if self.done:
-            return
-        for target in self.targets:
-            self.store.win.Flush(target)
+        self.store.complete(self)
+
+    def _finish(self) -> None:
+        """After the flush: place read rows, release origin buffers."""
         for destination, positions, staging in self.scatter:
             destination[positions] = staging
         self.buffers.clear()
@@ -70,13 +82,14 @@ class Handle:
 class EmbeddingStore:
     """All embedding rows (``n_rows`` x ``dim``), sharded over ``ps_ranks`` of ``comm``.
 
-    Collective over ``comm`` (creation and :meth:`close`). ``init(rows)``
-    returns the initial values of the given global rows; each PS rank calls it
-    for its own shard.
+    Collective over ``comm`` (creation and :meth:`close`). ``init(shard,
+    first_row)`` fills ``shard`` (the rows ``first_row ..`` of the table, in
+    the window memory) in place; each PS rank calls it for its own shard.
+    ``startup_seconds`` is how long this rank took to allocate and fill.
     """
 
     def __init__(self, comm: MPI.Comm, ps_ranks: Sequence[int], n_rows: int, dim: int, *,
-                 dtype=np.float32, init: Callable[[np.ndarray], np.ndarray] | None = None):
+                 dtype=np.float32, init: Optional[Callable[[np.ndarray, int], None]] = None):
         self.comm, self.ps_ranks, self.dim = comm, list(ps_ranks), dim
         self.dtype = np.dtype(dtype)
         if self.dtype not in _MPI_TYPES:
@@ -88,13 +101,17 @@ class EmbeddingStore:
         self.row_bytes = dim * self.dtype.itemsize
         self.basic = _MPI_TYPES[self.dtype]
         self.row_type = self.basic.Create_contiguous(dim).Commit()
-        local_rows = len(self.ranges.rows_of(self.ps_ranks.index(comm.rank))) if self.is_ps else 0
-        self.win = MPI.Win.Allocate(local_rows * self.row_bytes, disp_unit=self.row_bytes, comm=comm)
-        if self.is_ps and local_rows:
-            shard = np.frombuffer(self.win.tomemory(), dtype=self.dtype).reshape(local_rows, dim)
-            rows = self.ranges.rows_of(self.ps_ranks.index(comm.rank))
-            shard[:] = init(rows) if init is not None else 0
-        comm.Barrier()  # shards initialized before anyone reads
+        start = time.perf_counter()
+        first, stop = self.ranges.bounds(self.ps_ranks.index(comm.rank)) if self.is_ps else (0, 0)
+        self.win = MPI.Win.Allocate((stop - first) * self.row_bytes, disp_unit=self.row_bytes, comm=comm)
+        if stop > first:
+            shard = np.frombuffer(self.win.tomemory(), dtype=self.dtype).reshape(stop - first, dim)
+            if init is not None:
+                init(shard, first)
+            else:
+                shard.fill(0)
+        self.startup_seconds = time.perf_counter() - start
+        idle_barrier(comm)  # shards initialized before anyone reads
         self._locked = not self.is_ps
         if self._locked:
             self.win.Lock_all()
@@ -117,9 +134,13 @@ class EmbeddingStore:
     def _target_type(self, local_rows: np.ndarray) -> MPI.Datatype:
         return self.row_type.Create_indexed_block(1, local_rows.astype(np.int32).tolist()).Commit()
 
-    def pull(self, rows: np.ndarray, out: np.ndarray) -> Handle:
-        """Start reading ``rows`` into ``out[i]`` (shape [len(rows), dim])."""
-        self._check_values(rows, out, "out")
+    def pull(self, rows: np.ndarray, out: np.ndarray, at: Optional[np.ndarray] = None) -> Handle:
+        """Start reading ``rows[i]`` into ``out[i]``, or into ``out[at[i]]`` (e.g. cache slots)."""
+        if at is None:
+            self._check_values(rows, out, "out")
+        elif len(at) != len(rows) or out.ndim != 2 or out.shape[1] != self.dim or out.dtype != self.dtype:
+            raise ValueError(f"out/at: expected [*, {self.dim}] {self.dtype} and {len(rows)} positions, "
+                             f"got {out.shape} {out.dtype} and {len(at)} positions")
         self.rows_moved["pull"] += len(rows)
         handle = Handle(self)
         for target, positions, local in self._batches(rows):
@@ -128,7 +149,7 @@ class EmbeddingStore:
             self.win.Get([staging, len(positions), self.row_type], target, target=(0, 1, ttype))
             ttype.Free()
             handle.targets.append(target)
-            handle.scatter.append((out, positions, staging))
+            handle.scatter.append((out, positions if at is None else at[positions], staging))
         return handle
 
     def put(self, rows: np.ndarray, values: np.ndarray) -> Handle:
@@ -156,6 +177,14 @@ class EmbeddingStore:
             handle.buffers.append(staging)
         return handle
 
+    def complete(self, *handles: Handle) -> None:
+        """Complete ``handles``: one ``Flush`` per PS rank they reach, then reads land in place."""
+        pending = [h for h in handles if not h.done]
+        for target in sorted({t for h in pending for t in h.targets}):
+            self.win.Flush(target)
+        for handle in pending:
+            handle._finish()
+
     def _check_values(self, rows, array, name) -> None:
         expected = (len(rows), self.dim)
         if array.shape != expected or array.dtype != self.dtype:
@@ -174,7 +203,7 @@ class EmbeddingStore:
             return
         if self._locked:
             self.win.Unlock_all()
-        self.comm.Barrier()
+        idle_barrier(self.comm)  # PS ranks wait here without spinning while workers finish
         self.win.Free()
         self.row_type.Free()
         self.win = None

@@ -5,7 +5,7 @@ batch ``t``, what each worker pulls, writes back and how it updates (from the
 cluster state's ``train``), and the plan pushes that batch ``t + 1`` needs
 (from ``plan``, which is why batch ``t + 1`` is allocated before ``t`` is
 handed out). Every rank runs its own scheduler on the same batches and
-reaches the same plans (DESIGN.md section 3: nothing is sent).
+reaches the same plans (docs/design.md section 3: nothing is sent).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from hybrid._ext.cluster_state import KIND_NAMES, ClusterState
 from hybrid.allocation import AdaptiveLaiaAllocation, AllocationPolicy, LaiaAllocation, RandomAllocation
 from hybrid.config import Config, LaiaVariant, Mode, SyncMode
 
-# mode -> (LAIA allocation?, full-set synchronization?)  (DESIGN.md section 7)
+# mode -> (LAIA allocation?, full-set synchronization?)  (docs/design.md section 7)
 MODES = {
     Mode.vanilla: (False, True),
     Mode.laia: (True, True),
@@ -33,30 +33,61 @@ class SchedulerError(ValueError):
     """The scheduler cannot run this configuration."""
 
 
+@dataclass(frozen=True)
+class Transfer:
+    """Rows moved between the PS and a worker's cache slots."""
+
+    rows: np.ndarray  # int64 global row ids
+    slots: np.ndarray  # int32 cache slots
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What one worker executes in one iteration. Every array follows the batch, never the cache.
+
+    ``rows``/``slots`` are the distinct rows the worker trains and their cache
+    slots; ``index`` maps each of its samples' (sample, table) to a position
+    in ``rows``, so embeddings are gathered as ``cache[slots][index]`` and
+    their gradients summed per row (``[len(rows), dim]``). ``local``,
+    ``accumulate`` and ``full_set`` are positions in ``rows`` by update kind.
+    ``pull`` must be read after the previous iteration's barrier; ``prefetch``
+    rows were not written by the previous iteration, so they may be read
+    while it runs (docs/runtime.md, "Ordering").
+    """
+
+    samples: np.ndarray  # int64 positions of this worker's samples in the global batch
+    index: np.ndarray  # int32 [samples, tables]
+    rows: np.ndarray
+    slots: np.ndarray
+    local: np.ndarray
+    accumulate: np.ndarray
+    full_set: np.ndarray
+    writeback: Transfer
+    pull: Transfer
+    prefetch: Transfer
+    plan_push: Transfer
+    p2p: int  # P2P receptions (the runtime executes PS plans only)
+
+
 @dataclass
 class BatchPlan:
-    """Everything a worker needs to run iteration ``step``."""
+    """Iteration ``step``: the global allocation, counts and digest, and one worker's share."""
 
     step: int
     allocation: np.ndarray  # int32 worker per sample
-    counts: dict  # events of train + plan by kind
+    counts: dict  # events of train + plan by kind, over all workers
     timing: dict  # seconds: scoring, allocation, state_update, plan
-    events: Optional[tuple] = None  # (kind, worker, row, slot, peer, peer_slot): train then plan events
-    n_train_events: int = 0
+    digest: str  # allocation and every worker's events: equal on every rank
+    work: Optional[WorkerPlan] = None  # the scheduler's focus worker's share
     snapshot: Optional[dict] = None  # debug: one worker's view of the state after this iteration
 
     @property
     def needed(self) -> int:
         """(worker, row) pairs trained this iteration."""
         return self.counts["local"] + self.counts["accumulate"] + self.counts["full_set_push"]
-
-    def digest(self) -> str:
-        """Hash of allocation and events, to compare across ranks."""
-        h = hashlib.sha256(self.allocation.tobytes())
-        for array in self.events or ():
-            h.update(array.tobytes())
-        h.update(repr(sorted(self.counts.items())).encode())
-        return h.hexdigest()[:16]
 
 
 def cache_capacity(n_rows: int, ratio: float, batch_per_worker: int, n_tables: int) -> int:
@@ -74,19 +105,22 @@ def cache_capacity(n_rows: int, ratio: float, batch_per_worker: int, n_tables: i
 
 @dataclass
 class Scheduler:
-    """Runs a mode's allocation policy and the cluster state over global batches."""
+    """Runs a mode's allocation policy and the cluster state over global batches.
+
+    With a ``worker`` (the runtime's own), each plan carries that worker's
+    :class:`WorkerPlan`; without one (the simulator) only counts and digests.
+    """
 
     mode: Mode
     state: ClusterState
     policy: AllocationPolicy
     table_offsets: np.ndarray
-    record_events: bool = False
     snapshot_worker: Optional[int] = None  # debug: attach this worker's end-of-iteration state to plans
     _timing: dict = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: Config, *, cardinalities, mode: Mode | None = None,
-                    record_events: bool = False) -> "Scheduler":
+                    worker: Optional[int] = None) -> "Scheduler":
         mode = config.scheduler.mode if mode is None else mode
         if mode not in MODES:
             raise SchedulerError(f"scheduler.mode={mode.value} is not implemented yet; "
@@ -104,7 +138,8 @@ class Scheduler:
             raise SchedulerError(f"scheduler.sync=p2p needs an on-demand mode (plan or herald), "
                                  f"not {mode.value}")
         state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=full_set,
-                             max_pairs=n_workers * per_worker * n_tables, p2p=p2p, policy=config.cache.policy.value)
+                             max_pairs=n_workers * per_worker * n_tables, p2p=p2p, policy=config.cache.policy.value,
+                             focus=-1 if worker is None else worker)
         if not uses_laia:
             policy = RandomAllocation(n_workers, config.seed)
         else:
@@ -116,7 +151,7 @@ class Scheduler:
                 chunks = sched.chunks if variant is LaiaVariant.chunked else None
                 policy = LaiaAllocation(state, config.seed, chunks=chunks, threads=sched.threads)
         offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64)
-        return cls(mode=mode, state=state, policy=policy, table_offsets=offsets, record_events=record_events)
+        return cls(mode=mode, state=state, policy=policy, table_offsets=offsets)
 
     def global_rows(self, sparse: np.ndarray) -> np.ndarray:
         """Per-table ids [B, tables] -> global row ids (tables back to back)."""
@@ -138,6 +173,27 @@ class Scheduler:
         return {"at_ps": holders[:, 0].copy(), "fresh": holders[:, w + 1].copy(),
                 "cache_rows": self.state.cache_rows(w)}
 
+    def _trained(self) -> Optional[tuple]:
+        """The focus worker's needs and train events, read before ``plan`` overwrites them."""
+        if self.state.focus < 0:
+            return None
+        return self.state.focus_needs(), self.state.worker_events(self.state.focus)
+
+    def _work(self, trained: Optional[tuple]) -> Optional[WorkerPlan]:
+        if trained is None:
+            return None
+        (samples, index, rows, slots), events = trained
+        plan_push = self.state.worker_events(self.state.focus)["plan_push"]
+        pull = events["pull"]
+        early = pull["early"]
+        return WorkerPlan(
+            samples=samples, index=index, rows=rows, slots=slots, local=events["local"]["pairs"],
+            accumulate=events["accumulate"]["pairs"], full_set=events["full_set_push"]["pairs"],
+            writeback=Transfer(events["writeback"]["rows"], events["writeback"]["slots"]),
+            pull=Transfer(pull["rows"][~early], pull["slots"][~early]),
+            prefetch=Transfer(pull["rows"][early], pull["slots"][early]),
+            plan_push=Transfer(plan_push["rows"], plan_push["slots"]), p2p=len(events["p2p"]["rows"]))
+
     def plans(self, batches: Iterable[np.ndarray]) -> Iterator[BatchPlan]:
         """One plan per batch of per-table ids ([B, tables]), in order."""
         iterator = iter(batches)
@@ -151,7 +207,9 @@ class Scheduler:
             timing = dict(self._timing)
             start = time.perf_counter()
             counts = self.state.train()
-            train_events = self.state.events() + self.state.peers() if self.record_events else None
+            digest = hashlib.sha256(alloc.tobytes())
+            digest.update(int(self.state.event_digest).to_bytes(8, "little"))
+            trained = self._trained()
             timing["state_update"] = time.perf_counter() - start
             upcoming = next(iterator, None)
             if upcoming is not None:
@@ -160,15 +218,12 @@ class Scheduler:
                 next_rows = next_alloc = None
             start = time.perf_counter()
             planned = self.state.plan(next_rows, next_alloc)
+            digest.update(int(self.state.event_digest).to_bytes(8, "little"))
+            work = self._work(trained)
             timing["plan"] = time.perf_counter() - start
             counts = {k: counts[k] + planned[k] for k in KIND_NAMES}
-            events, n_train = None, 0
-            if self.record_events:
-                plan_events = self.state.events() + self.state.peers()
-                events = tuple(np.concatenate([a, b]) for a, b in zip(train_events, plan_events))
-                n_train = len(train_events[0])
-            yield BatchPlan(step=step, allocation=alloc, counts=counts, timing=timing, events=events,
-                            n_train_events=n_train, snapshot=self._snapshot())
+            yield BatchPlan(step=step, allocation=alloc, counts=counts, timing=timing,
+                            digest=digest.hexdigest()[:16], work=work, snapshot=self._snapshot())
             if upcoming is None:
                 return
             alloc = next_alloc

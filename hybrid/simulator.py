@@ -1,7 +1,7 @@
 """``hybrid simulate``: count embedding transmissions per mode, without MPI.
 
 Runs the same scheduler and cluster state the training runtime uses over the
-store's global batches and counts what DESIGN.md section 6 defines: pulls
+store's global batches and counts what docs/design.md section 6 defines: pulls
 (rows read from the PS), pushes (rows written to the PS: Accumulate, Put of
 plan pushes and full-set pushes, eviction write-backs), p2p rows, and the
 fresh hit rate. The first ``warmup`` iterations are excluded, as in the paper.

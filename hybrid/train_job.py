@@ -4,11 +4,14 @@ Every rank runs this. Ranks first agree on the config digest and the data
 fingerprint (a mismatch stops all of them with one message), then train,
 flush dirty rows to the PS, evaluate on the held-out split and report on
 worker 0: throughput, embedding transmissions measured at the RMA store,
-hit rate, AUC/log loss and the iteration time breakdown.
+hit rate, AUC/log loss, the iteration time breakdown, and each rank's
+start-up time and peak memory. PS ranks sleep in a barrier while the
+workers train.
 """
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -17,10 +20,10 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
-from hybrid.comm import check_agreement, split_roles
+from hybrid.comm import check_agreement, idle_barrier, split_roles
 from hybrid.config import Config
 from hybrid.data.store import BatchStore, StoreError
-from hybrid.trainer import HybridTrainer
+from hybrid.trainer import STAGES, HybridTrainer
 
 
 def _open_stores(config: Config) -> tuple[Optional[BatchStore], Optional[BatchStore], str]:
@@ -83,17 +86,25 @@ def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations:
             log_file.close()
     trainer.flush()
     evaluation = trainer.evaluate(test)
-    return _summarize(config, trainer, log, seconds, evaluation) if not trainer.roles.is_ps else None
+    idle_barrier(trainer.roles.world)  # PS ranks wait here, asleep, for the whole run
+    ranks = trainer.roles.world.gather(_rank_report(trainer), root=0)
+    return _summarize(config, trainer, log, seconds, evaluation, ranks) if not trainer.roles.is_ps else None
+
+
+def _rank_report(trainer: HybridTrainer) -> dict:
+    """This rank's start-up time and peak resident memory (Linux reports kilobytes)."""
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"rank": trainer.roles.rank, "role": "ps" if trainer.roles.is_ps else "worker",
+            "startup_s": round(trainer.startup_seconds, 3), "peak_rss_mb": round(peak_kb / 1024, 1)}
 
 
 def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds: float,
-               evaluation: Optional[dict]) -> Optional[dict]:
+               evaluation: Optional[dict], ranks: Optional[list]) -> Optional[dict]:
     """Totals over workers (collective over the workers); the summary on worker 0."""
     moved = np.array([sum(r["moved"][k] for r in log) for k in ("pull", "put", "accumulate")], dtype=np.int64)
     total = trainer.roles.workers.allreduce(moved)
     loss_sum = trainer.roles.workers.allreduce(sum(r["loss_sum"] for r in log))
-    stages = sorted({stage for r in log for stage in r["timing"]})
-    mean_ms = {s: 1000 * sum(r["timing"].get(s, 0.0) for r in log) / max(1, len(log)) for s in stages}
+    mean_ms = {s: 1000 * sum(r["timing"].get(s, 0.0) for r in log) / max(1, len(log)) for s in STAGES}
     if trainer.roles.worker != 0:
         return None
     counts = {k: sum(r["counts"][k] for r in log) for k in log[0]["counts"]} if log else {}
@@ -101,6 +112,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
     row_bytes = config.model.embedding_dim * np.dtype(config.model.precision.value).itemsize
     pulls, pushes = int(total[0]), int(total[1] + total[2])
     samples = sum(r["samples"] for r in log)
+    shard_rows = trainer.table.ranges.shard_rows
     return {
         "config": config.name, "mode": config.scheduler.mode.value, "workers": config.cluster.workers,
         "ps": config.cluster.ps, "model": config.model.name.value, "iterations": len(log), "samples": samples,
@@ -110,6 +122,9 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         "hit_rate": round(1 - counts.get("pull", 0) / needed, 6) if needed else 0.0,
         "train_loss": round(loss_sum / samples, 6) if samples else float("nan"),
         "events": counts, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},
+        "overlap": config.train.overlap,
+        "table_rows": trainer.table.ranges.n_rows, "ps_shard_mb": round(shard_rows * row_bytes / 2**20, 1),
+        "ranks": ranks,
         "evaluation": evaluation,
     }
 
@@ -121,3 +136,26 @@ def format_summary(summary: dict) -> str:
             f"transmissions {t['rows']} rows (pull {t['pull_rows']}, push {t['push_rows']}), "
             f"hit rate {summary['hit_rate']:.1%}; train loss {summary['train_loss']:.4f}, test AUC {e.get('auc', float('nan')):.4f}, "
             f"log loss {e.get('logloss', float('nan')):.4f} on {e.get('samples', 0)} samples")
+
+
+def format_breakdown(summary: dict) -> str:
+    """Milliseconds per iteration by stage, and each rank's start-up time and peak memory."""
+    stages = ", ".join(f"{k} {v:.2f}" for k, v in summary["iteration_ms"].items())
+    ranks = "; ".join(f"{r['role']} {r['rank']}: start-up {r['startup_s']:.1f} s, peak {r['peak_rss_mb']:.0f} MB"
+                      for r in summary["ranks"] or [])
+    return f"  ms/iteration: {stages}\n  ranks: {ranks} (PS shard {summary['ps_shard_mb']:.0f} MB)"
+
+
+def compare_summaries(summaries: list[dict]) -> str:
+    """Per config, each run against the first: throughput ratio, transmissions cut, test AUC."""
+    lines = [f"{'config':<12}{'mode':<9}{'samples/s':>10}{'speed':>7}{'rows moved':>12}{'cut':>8}{'hit':>7}"
+             f"{'test AUC':>10}"]
+    first: dict = {}
+    for s in summaries:
+        base = first.setdefault(s["config"], s)
+        rows, base_rows = s["transmissions"]["rows"], base["transmissions"]["rows"]
+        auc = (s["evaluation"] or {}).get("auc", float("nan"))
+        lines.append(f"{s['config']:<12}{s['mode']:<9}{s['throughput']:>10.0f}"
+                     f"{s['throughput'] / base['throughput']:>6.2f}x{rows:>12}"
+                     f"{(1 - rows / base_rows if base_rows else 0.0):>8.1%}{s['hit_rate']:>7.1%}{auc:>10.4f}")
+    return "\n".join(lines)

@@ -1,19 +1,48 @@
-"""The hybrid-parallel training loop of one rank (DESIGN.md sections 2-3).
+"""The hybrid-parallel training loop of one rank (docs/design.md, sections 2, 3 and 11).
 
 Workers train their share of each global batch: the scheduler (every worker
-runs its own, identically) says which samples are theirs and which
-embedding rows move where; this loop executes those events against the RMA
-store and the worker's cache, runs forward/backward, allreduces MLP
-gradients with Horovod and applies the embedding updates. PS ranks only
-host the store.
+runs its own, identically, in a background thread) says which samples are
+theirs and which embedding rows move where; this loop executes that worker's
+share against the RMA store and its cache, runs forward/backward, allreduces
+MLP gradients with Horovod and applies the embedding updates. PS ranks only
+host the store. Every array touched per iteration follows the batch: the
+worker's distinct rows, its samples, its events; never the cache or a table.
 
-Phase order of an iteration (every RMA phase completes before the next):
-write-backs of evicted dirty rows, pulls into their slots, forward/backward
-and MLP allreduce, embedding updates (local SGD, Accumulate of shared rows,
-full-set pushes), plan pushes, then a barrier of the workers.
+Stages of iteration ``t`` (each a ``torch.profiler.record_function`` range,
+and the time breakdown of the summary):
+
+- ``pull``: write back evicted dirty rows and read the rows ``t`` needs
+  that the previous iteration wrote (one flush); place the rows prefetched
+  during ``t - 1``; start reading ``t + 1``'s prefetchable rows;
+- ``compute``: forward/backward of the worker's samples;
+- ``allreduce``: the MLP gradients, summed over the workers;
+- ``push``: local SGD, then start Accumulate/Put of shared, full-set and
+  plan-pushed rows; ``data`` and ``schedule_wait``: the next plan and batch
+  arrive while those writes are in flight; then complete them (one flush);
+- ``barrier``: the workers' barrier that ends ``t``.
+
+Ordering: what makes BSP exact with the overlap (docs/design.md, section 11).
+Reads and writes of different rows never conflict; for one row:
+
+1. Every read of iteration ``t`` completes before any Accumulate or Put of
+   ``t``: reads are flushed in ``pull`` (prefetched ones at the end of
+   ``t - 1``), and those writes start after the allreduce, which no worker
+   leaves before every worker has entered it, i.e. finished its reads. (The
+   write-backs in ``pull`` are of rows nobody reads in ``t``: a dirty row that
+   another worker needs in ``t`` was plan-pushed in ``t - 1``, so it is no
+   longer dirty when evicted.)
+2. Every write of ``t`` completes before ``t``'s barrier; a read of a row that
+   ``t`` writes is issued after that barrier (a ``pull`` of ``t + 1``).
+3. A read issued before that barrier (a ``prefetch`` of ``t + 1``) is of a
+   row no worker writes in ``t`` (the cluster state marks it), so it returns
+   the value ``t + 1`` needs; it lands in a buffer, not the cache, because its
+   slot may still hold a row that ``t`` trains.
+4. Write-backs copy their slots when issued, before ``t``'s rows land there.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
 import queue
 import threading
@@ -24,14 +53,15 @@ from typing import Callable, Iterable, Iterator, Optional
 import numpy as np
 import torch
 
-from hybrid._ext.cluster_state import ACCUMULATE, FULL_SET_PUSH, LOCAL, P2P, PLAN_PUSH, PULL, WRITEBACK
 from hybrid.comm import Roles, init_horovod
 from hybrid.config import Config, SyncMode
-from hybrid.data.store import BatchStore
-from hybrid.embedding_init import initial_rows
+from hybrid.data.store import BatchStore, GlobalBatch
+from hybrid.embedding_init import fill_initial_rows
 from hybrid.models import build_model, dense_optimizer
-from hybrid.rma_store import EmbeddingStore
-from hybrid.scheduler import BatchPlan, Scheduler
+from hybrid.rma_store import EmbeddingStore, Handle
+from hybrid.scheduler import BatchPlan, Scheduler, WorkerPlan
+
+STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barrier")
 
 
 class _End:
@@ -39,31 +69,46 @@ class _End:
 
 
 class PlanProducer:
-    """Runs the scheduler ahead of training in a thread, handing plans over a bounded queue."""
+    """Runs the scheduler ahead of training in a thread, handing (plan, batch) pairs over a bounded queue.
 
-    def __init__(self, scheduler: Scheduler, batches: Iterable[np.ndarray], depth: int = 2):
+    The thread is the only reader of ``batches``: each plan travels with the
+    global batch it was made from.
+    """
+
+    def __init__(self, scheduler: Scheduler, batches: Iterable[GlobalBatch], depth: int = 2):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(scheduler, batches), daemon=True,
                                         name="scheduler")
         self._thread.start()
 
-    def _run(self, scheduler: Scheduler, batches) -> None:
-        try:
-            for plan in scheduler.plans(batches):
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(plan, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
-                    return
-            self._queue.put(_End())
-        except BaseException as err:  # handed to the consumer, which re-raises it
-            self._queue.put(err)
+    def _run(self, scheduler: Scheduler, batches: Iterable[GlobalBatch]) -> None:
+        pending: collections.deque = collections.deque()
 
-    def __iter__(self) -> Iterator[BatchPlan]:
+        def sparse():
+            for batch in batches:
+                pending.append(batch)
+                yield batch.sparse
+
+        try:
+            for plan in scheduler.plans(sparse()):
+                if not self._put((plan, pending.popleft())):
+                    return
+            self._put(_End())
+        except BaseException as err:  # handed to the consumer, which re-raises it
+            self._put(err)
+
+    def _put(self, item) -> bool:
+        """Queue ``item`` unless closed meanwhile; returns whether it was queued."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[tuple[BatchPlan, GlobalBatch]]:
         while True:
             item = self._queue.get()
             if isinstance(item, _End):
@@ -77,24 +122,28 @@ class PlanProducer:
         self._thread.join(timeout=5)
 
 
-class _Clock:
-    """Seconds between successive laps, by stage name (the iteration time breakdown)."""
+class Stages:
+    """Seconds per stage of one iteration; each stage is also a ``torch.profiler`` range."""
 
     def __init__(self):
-        self.laps: dict[str, float] = {}
-        self._last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
 
-    def lap(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.laps[stage] = self.laps.get(stage, 0.0) + now - self._last
-        self._last = now
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        with torch.profiler.record_function(name):
+            yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 @dataclass
-class WorkerCache:
-    """The cached embedding rows of one worker; the cluster state names the slots."""
+class _Ready:
+    """An iteration whose inputs the previous one prepared (and whose prefetchable rows it read)."""
 
-    values: np.ndarray  # [capacity, dim]
+    plan: BatchPlan
+    batch: GlobalBatch
+    inputs: tuple  # dense, labels, index tensors of this worker's samples
+    prefetched: Optional[tuple]  # (handle, values) of plan.work.prefetch, or None when nothing was read ahead
 
 
 class HybridTrainer:
@@ -107,20 +156,25 @@ class HybridTrainer:
         if config.train.eval_every:
             raise ValueError("train.eval_every is not implemented yet: evaluation runs once, after training; "
                              "set train.eval_every=0")
+        start = time.perf_counter()
         self.config, self.roles, self.data = config, roles, store
         self.dtype = np.dtype(config.model.precision.value)
         self.torch_dtype = getattr(torch, config.model.precision.value)
+        self.overlap = config.train.overlap
         n_rows = int(store.cardinalities.sum())
         dim = config.model.embedding_dim
         self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, dim, dtype=self.dtype,
-                                    init=lambda rows: initial_rows(config.seed, rows, dim, self.dtype))
+                                    init=lambda shard, first: fill_initial_rows(shard, config.seed, first))
         self.hvd = init_horovod(roles)
+        self.last_loss = 0.0
         if roles.is_ps:
+            self.startup_seconds = time.perf_counter() - start
             return
-        self.scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, record_events=True)
+        self.scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, worker=roles.worker)
         if config.train.verify_cache:
             self.scheduler.snapshot_worker = roles.worker
-        self.cache = WorkerCache(np.zeros((self.scheduler.state.capacity, dim), dtype=self.dtype))
+        self.cache = np.zeros((self.scheduler.state.capacity, dim), dtype=self.dtype)  # rows by slot
+        torch.set_num_threads(config.train.threads or roles.threads)
         self.device = self._device(config.train.device)
         self.model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables,
                                  seed=config.seed).to(self.device)
@@ -128,6 +182,7 @@ class HybridTrainer:
         self.optimizer = self.hvd.DistributedOptimizer(
             dense_optimizer(config, self.model.parameters()),
             named_parameters=self.model.named_parameters(), op=self.hvd.Sum)
+        self.startup_seconds = time.perf_counter() - start
 
     def _device(self, wanted: str) -> torch.device:
         """The model's device. The cache stays in host memory: RMA reads and writes it."""
@@ -143,81 +198,123 @@ class HybridTrainer:
     def train(self, iterations: int, on_step: Optional[Callable[[dict], None]] = None) -> list[dict]:
         """Run ``iterations`` global batches; returns one record per iteration (workers) or [].
 
-        A record holds the plan's event counts, the rows this worker moved
-        through the store (``moved``), the plan digest, the stage times and
-        the summed loss of this worker's samples (``loss_sum``).
+        A record holds the plan's event counts (all workers), the rows this
+        worker moved through the store during the iteration (``moved``; with
+        overlap that includes the next iteration's prefetched rows), how many
+        of this iteration's rows were read during the previous one
+        (``prefetched``), the plan digest, seconds per stage and this worker's
+        summed sample losses.
         """
         if self.roles.is_ps:
             return []
         batches = self.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
                                     seed=self.config.data.shuffle_seed)
-        for_scheduler, for_training = itertools.tee(itertools.islice(batches, iterations))
-        producer = PlanProducer(self.scheduler, (b.sparse for b in for_scheduler))
+        producer = PlanProducer(self.scheduler, itertools.islice(batches, iterations))
         log = []
         try:
             plans = iter(producer)
-            while True:
-                waited = time.perf_counter()
-                plan = next(plans, None)
-                if plan is None:
-                    break
-                batch = next(for_training)
+            stages = Stages()
+            with stages("schedule_wait"):
+                first = next(plans, None)
+                upcoming = next(plans, None) if first is not None else None
+            ready = self._ready(*first, None, stages) if first is not None else None
+            while ready is not None:
                 before = dict(self.table.rows_moved)
-                timing = {"schedule_wait": time.perf_counter() - waited, **self.step(plan, batch)}
+                following, upcoming = self._iteration(ready, upcoming, plans, stages)
                 moved = {k: self.table.rows_moved[k] - before[k] for k in before}
-                record = {"step": plan.step, "counts": plan.counts, "moved": moved, "digest": plan.digest(),
-                          "timing": timing, "samples": len(batch), "loss_sum": self.last_loss}
+                prefetched = len(ready.plan.work.prefetch) if ready.prefetched is not None else 0
+                record = {"step": ready.plan.step, "counts": ready.plan.counts, "moved": moved,
+                          "prefetched": prefetched, "digest": ready.plan.digest, "timing": stages.seconds,
+                          "samples": len(ready.batch), "loss_sum": self.last_loss}
                 log.append(record)
                 if on_step is not None:
                     on_step(record)
+                ready, stages = following, Stages()
         finally:
             producer.close()
         return log
 
-    def step(self, plan: BatchPlan, batch) -> dict:
-        """One iteration; returns seconds per stage."""
-        clock = _Clock()
-        me = self.roles.worker
-        kind, worker, row, slot, _, _ = plan.events
-        train = np.arange(len(kind)) < plan.n_train_events
-        mine = worker == me
-        values = self.cache.values
-
-        def of(event_kind, phase=train):
-            chosen = mine & phase & (kind == event_kind)
-            return row[chosen], slot[chosen]
-
-        if ((kind == P2P) & mine).any():
+    def _ready(self, plan: BatchPlan, batch: GlobalBatch, prefetched, stages: Stages) -> _Ready:
+        """The iteration's inputs as tensors: its samples' dense features, labels and row positions."""
+        work = plan.work
+        if work.p2p:
             raise RuntimeError("P2P events reached the runtime, which executes PS plans only")
-        rows, slots = of(WRITEBACK)
-        self.table.put(rows, values[slots]).wait()
-        rows, slots = of(PULL)
-        pulled = np.empty((len(rows), values.shape[1]), dtype=self.dtype)
-        self.table.pull(rows, pulled).wait()
-        values[slots] = pulled
-        clock.lap("pull")
+        with stages("data"):
+            dense = torch.from_numpy(batch.dense[work.samples]).to(self.device, self.torch_dtype)
+            labels = torch.from_numpy(batch.labels[work.samples]).to(self.device, self.torch_dtype)
+            index = torch.from_numpy(work.index.astype(np.int64)).to(self.device)
+        return _Ready(plan, batch, (dense, labels, index), prefetched)
 
-        gradients = self.forward_backward(plan, batch, row[mine & train & self._updates(kind)],
-                                          slot[mine & train & self._updates(kind)], clock)
+    def _iteration(self, ready: _Ready, upcoming, plans, stages: Stages):
+        """One iteration (see the module docstring); returns the next iteration, ready, and the one after.
+
+        ``upcoming`` is the next (plan, batch): its prefetchable rows are read
+        and its inputs prepared during this iteration, and the (plan, batch)
+        after it is taken from ``plans`` while this iteration's writes complete.
+        """
+        work, (dense, labels, index) = ready.plan.work, ready.inputs
+        with stages("pull"):
+            handles = [self.table.put(work.writeback.rows, self.cache[work.writeback.slots]),
+                       self.table.pull(work.pull.rows, self.cache, at=work.pull.slots)]
+            if ready.prefetched is None:  # nothing was read ahead (first iteration, or overlap off)
+                handles.append(self.table.pull(work.prefetch.rows, self.cache, at=work.prefetch.slots))
+            self.table.complete(*handles)
+            if ready.prefetched is not None:  # completed by the last iteration's final flush
+                self.cache[work.prefetch.slots] = ready.prefetched[1]
+            ahead = self._prefetch(upcoming[0]) if (upcoming is not None and self.overlap) else None
+        with stages("compute"):
+            leaf = torch.from_numpy(self.cache[work.slots]).to(self.device).requires_grad_(True)
+            logits = self.model(dense, torch.nn.functional.embedding(index, leaf))
+            # the global batch's mean loss: each worker sums its samples over the global batch size,
+            # and the MLP gradients are summed (not averaged) over the workers
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum") \
+                / len(ready.batch)
+            self.optimizer.zero_grad()
+            loss.backward()
+        with stages("allreduce"):
+            self.optimizer.step()  # ordering rule 1: every worker's reads of this iteration are complete
+            self.last_loss = float(loss.detach()) * len(ready.batch)
+        with stages("push"):
+            writes = self._push(work, leaf.grad.detach().cpu().numpy())
+            if not self.overlap:
+                self.table.complete(*writes)
+        following, after = None, None
+        if upcoming is not None:  # while the writes are in flight
+            following = self._ready(*upcoming, ahead, stages)
+            with stages("schedule_wait"):
+                after = next(plans, None)
+        with stages("push"):
+            self.table.complete(*writes, *([ahead[0]] if ahead else []))  # ordering rule 2
+        with stages("barrier"):
+            self.roles.worker_barrier()
+        if ready.plan.snapshot is not None:
+            self.verify_cache(ready.plan.snapshot)
+        return following, after
+
+    def _prefetch(self, upcoming: BatchPlan) -> tuple[Handle, np.ndarray]:
+        """Start reading the next iteration's prefetchable rows into a buffer (ordering rule 3)."""
+        rows = upcoming.work.prefetch.rows
+        values = np.empty((len(rows), self.cache.shape[1]), dtype=self.dtype)
+        return self.table.pull(rows, values), values
+
+    def _push(self, work: WorkerPlan, gradients: np.ndarray) -> list[Handle]:
+        """Apply this worker's embedding updates; returns the started PS writes.
+
+        Rows trained by this worker alone get local SGD; shared rows add
+        ``-lr * grad`` at the PS; in full-set mode every trained row is
+        updated and written; plan pushes write dirty rows another worker
+        needs next (after their local update).
+        """
         lr = self.config.train.embedding_lr
-        handles = []
-        rows, slots = of(LOCAL)
-        values[slots] -= lr * gradients[slots]
-        rows, slots = of(ACCUMULATE)
-        handles.append(self.table.accumulate(rows, -lr * gradients[slots]))
-        rows, slots = of(FULL_SET_PUSH)
-        values[slots] -= lr * gradients[slots]
-        handles.append(self.table.put(rows, values[slots]))
-        rows, slots = of(PLAN_PUSH, ~train)
-        handles.append(self.table.put(rows, values[slots]))
-        for handle in handles:
-            handle.wait()
-        clock.lap("push")
-        self.roles.workers.Barrier()
-        clock.lap("barrier")
-        if plan.snapshot is not None:
-            self.verify_cache(plan.snapshot)
-        return clock.laps
+        local = work.local
+        self.cache[work.slots[local]] -= lr * gradients[local]
+        full = work.full_set
+        full_slots = work.slots[full]
+        self.cache[full_slots] -= lr * gradients[full]
+        shared = work.accumulate
+        return [self.table.accumulate(work.rows[shared], -lr * gradients[shared]),
+                self.table.put(work.rows[full], self.cache[full_slots]),
+                self.table.put(work.plan_push.rows, self.cache[work.plan_push.slots])]
 
     def verify_cache(self, snapshot: dict) -> None:
         """Check that every cached row this worker holds fresh, and the PS holds too, equals the PS copy.
@@ -225,7 +322,8 @@ class HybridTrainer:
         ``snapshot`` is the state at the end of the iteration just run (see
         ``Scheduler.snapshot_worker``: the scheduler thread is already ahead).
         Dirty rows (only this worker has the latest value) cannot be checked
-        against the PS. Copies are exact, so any difference is a bug.
+        against the PS. Copies are exact, so any difference is a bug. A debug
+        aid: it reads every cached row each iteration.
         """
         me = self.roles.worker
         cached = snapshot["cache_rows"]
@@ -233,40 +331,12 @@ class HybridTrainer:
         rows = cached[slots].astype(np.int64)
         checkable = snapshot["fresh"][rows] & snapshot["at_ps"][rows]
         rows, slots = rows[checkable], slots[checkable]
-        at_ps = np.empty((len(rows), self.cache.values.shape[1]), dtype=self.dtype)
+        at_ps = np.empty((len(rows), self.cache.shape[1]), dtype=self.dtype)
         self.table.pull(rows, at_ps).wait()
-        bad = np.flatnonzero((at_ps != self.cache.values[slots]).any(axis=1))
+        bad = np.flatnonzero((at_ps != self.cache[slots]).any(axis=1))
         if len(bad):
             raise RuntimeError(f"worker {me}: {len(bad)} fresh cached rows differ from the PS, e.g. row "
                                f"{rows[bad[0]]} in slot {slots[bad[0]]}; the cache and the cluster state disagree")
-
-    @staticmethod
-    def _updates(kind: np.ndarray) -> np.ndarray:
-        return (kind == LOCAL) | (kind == ACCUMULATE) | (kind == FULL_SET_PUSH)
-
-    def forward_backward(self, plan: BatchPlan, batch, rows: np.ndarray, slots: np.ndarray,
-                         clock: "_Clock") -> np.ndarray:
-        """Train this worker's samples; returns the embedding gradient per cache slot."""
-        mine = np.flatnonzero(plan.allocation == self.roles.worker)
-        sample_rows = self.scheduler.global_rows(batch.sparse[mine])
-        order = np.argsort(rows)
-        sample_slots = slots[order][np.searchsorted(rows[order], sample_rows)]
-        emb = torch.from_numpy(self.cache.values[sample_slots]).to(self.device).requires_grad_(True)
-        dense = torch.from_numpy(batch.dense[mine]).to(self.device, self.torch_dtype)
-        labels = torch.from_numpy(batch.labels[mine]).to(self.device, self.torch_dtype)
-        logits = self.model(dense, emb)
-        # the global batch's mean loss: each worker sums its samples over the global batch size,
-        # and the MLP gradients are summed (not averaged) over the workers
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum") / len(batch)
-        self.optimizer.zero_grad()
-        loss.backward()
-        clock.lap("compute")
-        self.optimizer.step()  # waits for the MLP gradient allreduce
-        clock.lap("allreduce")
-        self.last_loss = float(loss.detach()) * len(batch)  # this worker's summed sample losses
-        gradients = np.zeros_like(self.cache.values)
-        np.add.at(gradients, sample_slots.ravel(), emb.grad.cpu().numpy().reshape(-1, gradients.shape[1]))
-        return gradients
 
     # ------------------------------------------------------------ inspection
     def flush(self) -> None:
@@ -275,8 +345,8 @@ class HybridTrainer:
             return
         workers, rows, slots = self.scheduler.state.flush_dirty()
         mine = workers == self.roles.worker
-        self.table.put(rows[mine], self.cache.values[slots[mine]]).wait()
-        self.roles.workers.Barrier()
+        self.table.put(rows[mine], self.cache[slots[mine]]).wait()
+        self.roles.worker_barrier()
 
     def evaluate(self, test: BatchStore, batch_size: int = 4096) -> Optional[dict]:
         """AUC and log loss on ``test`` after :meth:`flush`; the result on worker 0, None elsewhere.

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: set up, build small synthetic Criteo-like
-# data (workload W1, smoke size), then train it on 3 workers + 1 PS, once with
-# vanilla BSP and once with Herald: throughput, embedding transmissions and
-# test AUC of both (BSP: the two models are the same).
+# The main job on a fresh machine: set up, get the real MovieLens-100k (from
+# RecBole's wheel on PyPI) and build small synthetic Criteo-like data (W1,
+# smoke size), then train each on 3 workers + 1 PS, with vanilla BSP and with
+# Herald: throughput, embedding transmissions and test AUC of every run, then
+# the modes side by side (BSP: both modes train the same model).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/launch/setup.sh"
 source "${HYBRID_VENV:-$ROOT/.venv}/bin/activate"
 cd "$ROOT"
 mkdir -p results
-CONFIG=${1:-configs/w1-smoke.yaml}
-hybrid synth --config "$CONFIG"
-RANKS=$(hybrid config "$CONFIG" | python -c 'import sys, yaml; c = yaml.safe_load(sys.stdin)["cluster"]; print(c["workers"] + c["ps"])')
-for mode in vanilla herald; do
-    bash launch/mpirun.sh -n "$RANKS" python -m hybrid train "$CONFIG" scheduler.mode="$mode" \
-        --summary-json "results/$(basename "$CONFIG" .yaml)-$mode.json"
+hybrid fetch movielens-100k --out data/ml-100k
+hybrid synth --config configs/w1-smoke.yaml
+summaries=()
+for config in ${HYBRID_MAIN_CONFIGS:-configs/ml100k.yaml configs/w1-smoke.yaml}; do
+    ranks=$(hybrid config "$config" | python -c 'import sys, yaml; c = yaml.safe_load(sys.stdin)["cluster"]; print(c["workers"] + c["ps"])')
+    for mode in vanilla herald; do
+        summary="results/$(basename "$config" .yaml)-$mode.json"
+        bash launch/mpirun.sh -n "$ranks" python -m hybrid train "$config" scheduler.mode="$mode" --summary-json "$summary"
+        summaries+=("$summary")
+    done
 done
+echo
+hybrid compare "${summaries[@]}"

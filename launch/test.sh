@@ -9,8 +9,13 @@ cd "$ROOT"
 echo "== unit tests"
 python -m pytest -q -p no:cacheprovider tests/unit
 
+# The MPI tests also train on the real MovieLens-100k (from RecBole's wheel on PyPI, cached).
+echo "== real data"
+hybrid fetch movielens-100k --out data/ml-100k
+
 # 3 ranks: 2 workers + 1 PS and 1 worker + 2 PS; 4 ranks: 3 + 1 and 2 + 2; 5 ranks: 4 + 1 and 3 + 2.
-# A rank that fails inside a collective leaves the others waiting: bound the run.
+# A failing test prints its failure and aborts every rank (tests/conftest.py); a hanging test fails
+# after 300 s (pytest-timeout, pyproject.toml); HYBRID_MPI_TIMEOUT bounds the whole run regardless.
 export HYBRID_MPI_TIMEOUT=${HYBRID_MPI_TIMEOUT:-600}
 for ranks in ${HYBRID_TEST_RANKS:-3 4 5}; do
     echo "== MPI tests on $ranks ranks"

@@ -1,4 +1,6 @@
-"""Shared fixtures: small stores written once per session."""
+"""Shared fixtures (small stores written once per session) and the MPI fail-fast hook."""
+import sys
+
 import pytest
 
 from hybrid.data.synthetic import synthesize
@@ -10,3 +12,48 @@ def criteo_like(tmp_path_factory):
     path = tmp_path_factory.mktemp("stores") / "criteo-like"
     synthesize(path, like="criteo-kaggle", rows=60_000, scale=0.001, seed=7)
     return path
+
+
+def _under_mpi(config) -> bool:
+    return bool(config.getoption("--with-mpi", default=False) or config.getoption("--only-mpi", default=False))
+
+
+def _abort_on_failure(report, config) -> None:
+    """End every rank at once when this rank fails, after printing why.
+
+    A rank whose test fails skips the collectives its test would still have
+    called, and the other ranks would wait there until the job's timeout,
+    printing nothing. So under ``--with-mpi`` a failure (in setup, the test
+    itself, teardown or collection) is printed on this rank's stderr and
+    ``MPI_Abort`` ends the job: the run fails within seconds, with the reason.
+    """
+    if not report.failed or not _under_mpi(config):
+        return
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        return
+    where = getattr(report, "when", "collect")
+    sys.stderr.write(f"\n{'=' * 20} rank {world.rank} of {world.size}: FAILED {report.nodeid} ({where}) "
+                     f"{'=' * 20}\n{report.longreprtext}\n{'=' * 20} aborting every rank {'=' * 20}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    world.Abort(1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report):
+    _abort_on_failure(report, _CONFIG[0])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collectreport(report):
+    _abort_on_failure(report, _CONFIG[0])
+
+
+_CONFIG = []
+
+
+def pytest_configure(config):
+    _CONFIG[:] = [config]

@@ -41,12 +41,20 @@ class Format:
     sparse_pattern: Optional[str] = None
     missing: tuple[str, ...] = ("",)
     header: bool = False  # the first line must be the column names
+    header_types: tuple[str, ...] = ()  # typed header (RecBole): line 1 is ``name:type`` per column
     rating_label: bool = False  # label = rating >= threshold (MovieLens)
     time_column: Optional[str] = None  # rows are ordered by it (MovieLens)
 
     @property
     def n_columns(self) -> int:
         return len(self.columns)
+
+    @property
+    def header_fields(self) -> tuple[str, ...]:
+        """The expected first line, split (only for formats with a header)."""
+        if self.header_types:
+            return tuple(f"{c}:{t}" for c, t in zip(self.columns, self.header_types))
+        return self.columns
 
 
 _CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
@@ -83,6 +91,11 @@ MOVIELENS_100K = Format(name="movielens", delimiter="\t", columns=("user", "item
 MOVIELENS_1M = Format(name="movielens", delimiter="::", columns=("user", "item", "rating", "timestamp"), **_ML)
 MOVIELENS_CSV = Format(name="movielens", delimiter=",", columns=("userId", "movieId", "rating", "timestamp"),
                        **{**_ML, "sparse": ("userId", "movieId")}, header=True)
+# RecBole's atomic file (ml-100k.inter, shipped in its wheel: see hybrid/data/fetch.py): u.data with a
+# typed header. Timestamps are typed float there but are whole seconds, checked as such.
+MOVIELENS_INTER = Format(name="movielens", delimiter="\t", columns=("user_id", "item_id", "rating", "timestamp"),
+                         **{**_ML, "sparse": ("user_id", "item_id")}, header=True,
+                         header_types=("token", "token", "float", "float"))
 
 FORMAT_NAMES = ("criteo", "avazu", "movielens", "criteo-search")
 
@@ -97,12 +110,23 @@ def resolve_format(name: str, path: Path) -> Format:
         return CRITEO_SEARCH
     if name == "movielens":
         first = _first_line(path)
+        if path.suffix == ".inter":
+            return MOVIELENS_INTER
         if "::" in first:
             return MOVIELENS_1M
+        if _is_typed_header(first):
+            return MOVIELENS_INTER
         if first.startswith("userId") or path.suffix == ".csv":
             return MOVIELENS_CSV
         return MOVIELENS_100K
     raise ValueError(f"unknown format {name!r}; expected one of {', '.join(FORMAT_NAMES)}")
+
+
+def _is_typed_header(line: str) -> bool:
+    """A RecBole header: tab separated ``name:type`` fields (data lines are numbers)."""
+    fields = line.split("\t")
+    return len(fields) > 1 and all(f.count(":") == 1 and not f.startswith(":") and not f.endswith(":")
+                                   for f in fields)
 
 
 def _first_line(path: Path) -> str:
@@ -117,8 +141,8 @@ def _check_start(path: Path, fmt: Format) -> None:
         raise FormatError(f"{path}: empty file")
     if fmt.header:
         found = _first_line(path).split(fmt.delimiter)
-        if tuple(found) != fmt.columns:
-            raise FormatError(f"{path}:1: expected the header {fmt.delimiter.join(fmt.columns)!r}, "
+        if tuple(found) != fmt.header_fields:
+            raise FormatError(f"{path}:1: expected the header {fmt.delimiter.join(fmt.header_fields)!r}, "
                               f"found {fmt.delimiter.join(found)[:200]!r}")
 
 

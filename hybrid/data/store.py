@@ -1,6 +1,6 @@
 """The binary sample store: memory-mapped arrays every rank reads the same way.
 
-Layout of a store directory (DESIGN.md section 10)::
+Layout of a store directory (docs/design.md section 10)::
 
     meta.json      counts, table names, cardinalities, source, fingerprint
     sparse.npy     int32 [n_samples, n_tables]   per-table row ids

@@ -1,19 +1,16 @@
-"""BSP modes equal the single-process reference (DESIGN.md section 9), across ranks.
+"""BSP modes equal the single-process reference (docs/design.md section 9), across ranks.
 
 World size N runs N-1 workers + 1 PS and N-2 workers + 2 PS (launch/test.sh
 runs N = 3, 4 and 5: 1-4 workers, 1-2 PS), float64, a cache small enough that
 it evicts: final embedding tables and MLP weights must equal plain torch SGD
 on the whole global batch within 1e-9.
 """
-import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hybrid.comm import split_roles
+import distributed_run
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
-from hybrid.reference import train_reference
-from hybrid.trainer import HybridTrainer
 from shared_store import shared_store
 
 ITERATIONS = 25
@@ -38,20 +35,38 @@ def test_bsp_modes_equal_the_single_process_reference(store_path, mode, model, n
                                 "model.embedding_dim=4", "model.bottom_mlp=[8]", "model.top_mlp=[8]",
                                 "train.embedding_lr=0.1", "train.dense_lr=0.05", "seed=11"])
     store = BatchStore(store_path)
-    roles = split_roles(config.cluster.workers, config.cluster.ps)
-    trainer = HybridTrainer(config, roles, store)
-    log = trainer.train(ITERATIONS)
-    trainer.flush()
-    table = trainer.table.read_all() if roles.worker == 0 else None
-    params = None if roles.is_ps else [p.detach().numpy().copy() for p in trainer.model.parameters()]
-    evictions = sum(r["counts"]["writeback"] for r in log) if mode in ("plan", "herald") else None
-    trainer.close()
-    roles.free()
-    if roles.worker == 0:
-        expected_table, expected_model = train_reference(config, store, ITERATIONS)
-        assert np.abs(table - expected_table).max() < 1e-9
-        for got, want in zip(params, expected_model.parameters()):
-            assert np.abs(got - want.detach().numpy()).max() < 1e-9
-        assert len(log) == ITERATIONS
-        if evictions is not None:
+    run = distributed_run.train(config, store, ITERATIONS)
+    if world.rank == 0:
+        distributed_run.assert_equals_reference(run, config, store, ITERATIONS)
+        assert len(run.log) == ITERATIONS
+        if mode in ("plan", "herald"):
+            evictions = sum(r["counts"]["writeback"] for r in run.log)
             assert evictions > 0, "the cache must evict dirty rows for this test to mean anything"
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["vanilla", "herald"])
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
+def test_exact_under_heavy_cache_churn(store_path, mode, overlap):
+    """A cache of exactly one working set: every iteration evicts, write-backs race prefetches."""
+    world = MPI.COMM_WORLD
+    iterations = 40
+    config = load_config(None, [f"data.path={store_path}", f"cluster.workers={world.size - 1}", "cluster.ps=1",
+                                "train.batch_per_worker=8", "cache.ratio=0.0061", f"scheduler.mode={mode}",
+                                "model.name=dlrm", "model.precision=float64", "model.embedding_dim=4",
+                                "model.bottom_mlp=[8]", "model.top_mlp=[8]", "train.embedding_lr=0.1",
+                                "train.dense_lr=0.05", "seed=3", f"train.overlap={overlap}"])
+    store = BatchStore(store_path)
+    run = distributed_run.train(config, store, iterations)
+    prefetched = world.allreduce(sum(r["prefetched"] for r in run.log))
+    if world.rank == 0:
+        assert run.capacity == 8 * 26, "the cache holds exactly one iteration's working set"
+        distributed_run.assert_equals_reference(run, config, store, iterations)
+        pulls = sum(r["counts"]["pull"] for r in run.log)
+        if overlap:
+            assert 0.2 * pulls < prefetched < pulls, "overlap must read a real share of the rows ahead"
+        else:
+            assert prefetched == 0
+        if mode == "herald":
+            assert sum(r["counts"]["writeback"] for r in run.log) > 100

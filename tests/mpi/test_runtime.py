@@ -98,7 +98,7 @@ def test_the_cache_verification_passes_and_catches_a_corrupted_row(store_path, m
         cached = trainer.scheduler.state.cache_rows(0)
         slots = [s for s, r in enumerate(cached) if r >= 0 and holders[r, 1] and holders[r, 0]]
         if slots:  # (asserted below, after the collective close, so a failure cannot hang the others)
-            trainer.cache.values[slots[0]] += 1.0
+            trainer.cache[slots[0]] += 1.0
             try:
                 trainer.verify_cache({"cache_rows": cached, "fresh": holders[:, 1], "at_ps": holders[:, 0]})
             except RuntimeError as err:

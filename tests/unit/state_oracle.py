@@ -1,4 +1,4 @@
-"""A literal, slow Python transcription of DESIGN.md section 3, as a test oracle.
+"""A literal, slow Python transcription of docs/design.md section 3, as a test oracle.
 
 Sets and OrderedDicts instead of bitmasks and hash tables: the Cython cluster
 state must produce exactly the same events, holder sets and cache contents.

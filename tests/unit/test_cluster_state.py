@@ -1,4 +1,4 @@
-"""The Cython cluster state follows DESIGN.md section 3 exactly.
+"""The Cython cluster state follows docs/design.md section 3 exactly.
 
 It is compared event for event with a literal Python transcription
 (``state_oracle.py``) on random small instances, and the invariants the
@@ -37,6 +37,14 @@ def _events(state):
     return [(KIND_NAMES[k], int(w), int(e), int(s)) for k, w, e, s in zip(kind, worker, row, slot)]
 
 
+def _grouped(events):
+    """The oracle's events in the state's order: by worker, then kind, then as they happened."""
+    return sorted(events, key=lambda ev: (ev[1], KIND_NAMES.index(ev[0])))
+
+
+WRITES = ("writeback", "accumulate", "full_set_push", "plan_push")
+
+
 def _oracle_holders(oracle, n_workers):
     table = np.zeros((len(oracle.holders), 1 + n_workers), dtype=bool)
     for e, holders in enumerate(oracle.holders):
@@ -52,20 +60,26 @@ def _run_both(n_workers, n_rows, capacity, sync, rows, allocs, policy, check=Non
     oracle = OracleState(n_workers, n_rows, capacity, full_set, p2p, policy)
     state.set_needs(rows[0], allocs[0])
     oracle.set_needs(rows[0], allocs[0])
+    written = set()  # rows the previous iteration wrote to the PS
     for t in range(len(rows)):
         before = state.holder_sets()
         state.train()
         trained = _events(state)
-        assert trained == oracle.train()
+        expected = oracle.train()
+        assert trained == _grouped(expected)
         senders, sender_slots = state.peers()
         is_p2p = np.array([kind == "p2p" for kind, *_ in trained], dtype=bool)
+        # the oracle sends worker by worker, so its P2P events are already in the state's order
         assert list(zip(senders[is_p2p].tolist(), sender_slots[is_p2p].tolist())) == oracle.peers
         assert (senders[~is_p2p] == -1).all()
+        early = state.prefetchable()
+        assert early.tolist() == [kind == "pull" and e not in written for kind, _, e, _ in trained]
         sent = {(int(w), e) for w, (kind, _, e, _) in zip(senders, trained) if kind == "p2p"}
         nxt = (rows[t + 1], allocs[t + 1]) if t + 1 < len(rows) else (None, None)
         state.plan(*nxt)
         planned = _events(state)
-        assert planned == (oracle.plan(*nxt) if nxt[0] is not None else [])
+        assert planned == _grouped(oracle.plan(*nxt) if nxt[0] is not None else [])
+        written = {e for kind, _, e, _ in trained + planned if kind in WRITES}
         assert np.array_equal(state.holder_sets(), _oracle_holders(oracle, n_workers))
         for w in range(n_workers):
             cached = {int(e): s for s, e in enumerate(state.cache_rows(w)) if e >= 0}
@@ -248,3 +262,44 @@ def test_a_copy_steps_exactly_like_the_original(instance):
             assert [a.tolist() for a in state.events()] == [a.tolist() for a in clone.events()]
             if t == 0:
                 clone = clone.copy()  # and a copy of a copy mid-run
+
+
+@settings(max_examples=100, deadline=None)
+@given(instances(), st.integers(0, 4))
+def test_a_worker_reads_its_own_share_of_each_iteration(instance, focus):
+    """focus_needs and worker_events give one worker exactly its part of the events, batch-sized."""
+    n_workers, n_rows, capacity, sync, rows, allocs, policy = instance
+    focus %= n_workers
+    state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=sync == "full_set",
+                         max_pairs=rows[0].size, p2p=sync == "p2p", policy=policy, focus=focus)
+    state.set_needs(rows[0], allocs[0])
+    for t in range(len(rows)):
+        state.train()
+        samples, index, mine, slots = state.focus_needs()
+        assert samples.tolist() == np.flatnonzero(allocs[t] == focus).tolist()
+        assert np.array_equal(mine[index], rows[t][samples])
+        assert len(set(mine.tolist())) == len(mine)
+        assert slots.tolist() == [state.slot_of(focus, int(e)) for e in mine]
+        groups = state.worker_events(focus)
+        kind, worker, row, slot = state.events()
+        for k, name in enumerate(KIND_NAMES):
+            chosen = (worker == focus) & (kind == k)
+            assert groups[name]["rows"].tolist() == row[chosen].tolist()
+            assert groups[name]["slots"].tolist() == slot[chosen].tolist()
+        updated = np.concatenate([groups[k]["pairs"] for k in ("local", "accumulate", "full_set_push")])
+        assert sorted(updated.tolist()) == list(range(len(mine)))
+        for k in ("local", "accumulate", "full_set_push"):
+            assert mine[groups[k]["pairs"]].tolist() == groups[k]["rows"].tolist()
+        assert groups["pull"]["early"].tolist() == state.prefetchable()[(worker == focus) & (kind == 0)].tolist()
+        state.plan(*((rows[t + 1], allocs[t + 1]) if t + 1 < len(rows) else (None, None)))
+
+
+def test_event_digest_changes_with_any_event():
+    rows = np.array([[1, 2], [2, 3]], dtype=np.int64)
+    digests = []
+    for alloc in ([0, 1], [1, 0], [0, 1]):
+        state = ClusterState(n_workers=2, n_rows=6, capacity=4, full_set=False, max_pairs=4)
+        state.set_needs(rows, np.array(alloc, dtype=np.int32))
+        state.train()
+        digests.append(state.event_digest)
+    assert digests[0] == digests[2] != digests[1]

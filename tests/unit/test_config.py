@@ -6,7 +6,8 @@ import pytest
 from hybrid.config import ConfigError, Mode, ModelName, load_config
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
-PAPER_WORKLOADS = {"w1": ModelName.wide_deep, "w2": ModelName.ncf, "w3": ModelName.deepfm, "w4": ModelName.dcn}
+PAPER_WORKLOADS = {"w1": ModelName.wide_deep, "w2": ModelName.ncf, "w3": ModelName.deepfm, "w4": ModelName.dcn,
+                   "ml100k": ModelName.ncf}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)

@@ -1,0 +1,147 @@
+"""``hybrid bench train``: end-to-end training at smoke and at full table size, side by side.
+
+The question it answers: does an iteration cost what its batch costs, or
+what the tables cost? It trains one workload twice: on its own (smoke) store
+and on a store with the same generator at scale 1.0 (the public dataset's
+full cardinalities, e.g. 33.76M rows for Criteo Kaggle), each with every
+mode. Each case is a separate ``hybrid train`` under ``launch/mpirun.sh``;
+within a repeat the cases alternate (modes and sizes interleaved) so that a
+noisy machine slows all of them alike, and the table reports medians.
+
+Reported per case: samples/s, embedding rows moved, milliseconds per stage,
+PS start-up seconds and peak memory over its shard, the largest worker peak
+memory; then throughput ratios full/smoke per mode and mode/vanilla per size.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from hybrid.config import Config, ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barrier")
+
+
+@dataclass
+class Case:
+    size: str
+    mode: str
+    store: Path
+    summaries: list = field(default_factory=list)
+
+    def median(self, pick: Callable[[dict], float]) -> float:
+        return statistics.median(pick(s) for s in self.summaries)
+
+    def to_dict(self) -> dict:
+        ps = [r for r in self.summaries[-1]["ranks"] if r["role"] == "ps"]
+        workers = [r for r in self.summaries[-1]["ranks"] if r["role"] == "worker"]
+        last = self.summaries[-1]
+        return {
+            "size": self.size, "mode": self.mode, "store": str(self.store), "table_rows": last["table_rows"],
+            "samples_per_s": self.median(lambda s: s["throughput"]),
+            "samples_per_s_runs": [s["throughput"] for s in self.summaries],
+            "rows_moved": last["transmissions"]["rows"], "hit_rate": last["hit_rate"],
+            "auc": (last["evaluation"] or {}).get("auc"),
+            "iteration_ms": {k: round(self.median(lambda s: s["iteration_ms"].get(k, 0.0)), 3) for k in STAGES},
+            "ps_startup_s": max(r["startup_s"] for r in ps), "ps_peak_rss_mb": max(r["peak_rss_mb"] for r in ps),
+            "ps_shard_mb": last["ps_shard_mb"],
+            "ps_peak_over_shard": round(max(r["peak_rss_mb"] for r in ps) / max(last["ps_shard_mb"], 1e-9), 3),
+            "worker_startup_s": max(r["startup_s"] for r in workers),
+            "worker_peak_rss_mb": max(r["peak_rss_mb"] for r in workers),
+        }
+
+
+def full_size_store(config: Config, rows: int) -> tuple[Path, dict]:
+    """Where the full-cardinality store of ``config``'s generator lives, and how to make it."""
+    spec = config.data.synthetic
+    if spec is None:
+        raise ConfigError(f"{config.name}: data.synthetic is not set; bench train scales a synthetic workload")
+    path = Path(config.data.path).parent / f"{config.name}-full-{rows}"
+    return path, {"like": spec.like, "rows": rows, "scale": 1.0, "seed": spec.seed}
+
+
+def ensure_store(path: Path, synthetic: dict, say: Callable[[str], None]) -> None:
+    from hybrid.data.synthetic import synthesize
+
+    if (path / "meta.json").is_file():
+        return
+    say(f"synthesizing {path} ({synthetic})")
+    synthesize(path, **synthetic)
+
+
+def run_case(config_path: str, case: Case, iterations: int, ranks: int, overrides: list[str]) -> dict:
+    """One ``hybrid train`` under mpirun; returns its summary."""
+    with tempfile.TemporaryDirectory(prefix="hybrid-bench-") as tmp:
+        summary_path = Path(tmp) / "summary.json"
+        command = ["bash", str(ROOT / "launch" / "mpirun.sh"), "-n", str(ranks), sys.executable, "-m", "hybrid",
+                   "train", config_path, f"data.path={case.store}", f"scheduler.mode={case.mode}",
+                   f"train.iterations={iterations}", *overrides, "--no-progress", "--summary-json", str(summary_path)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0 or not summary_path.is_file():
+            tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+            raise RuntimeError(f"training failed ({' '.join(command)}):\n{tail}")
+        return json.loads(summary_path.read_text())
+
+
+def run(*, config_path: str, sizes=("smoke", "full"), modes=("vanilla", "herald"), iterations: int = 200,
+        repeats: int = 3, full_rows: int = 2_000_000, overrides=(), progress=print) -> dict:
+    config = load_config(config_path, list(overrides))
+    if config.data.synthetic is None:
+        raise ConfigError(f"{config_path}: data.synthetic is not set; bench train scales a synthetic workload")
+    stores = {}
+    for size in sizes:
+        if size == "smoke":
+            stores[size] = (Path(config.data.path), {"like": config.data.synthetic.like,
+                                                     "rows": config.data.synthetic.rows,
+                                                     "scale": config.data.synthetic.scale,
+                                                     "seed": config.data.synthetic.seed})
+        elif size == "full":
+            stores[size] = full_size_store(config, full_rows)
+        else:
+            raise ConfigError(f"--sizes: expected smoke and/or full, got {size!r}")
+    for path, synthetic in stores.values():
+        ensure_store(path, synthetic, progress)
+    ranks = config.cluster.workers + config.cluster.ps
+    cases = [Case(size, mode, stores[size][0]) for size in sizes for mode in modes]
+    for repeat in range(repeats):
+        order = cases if repeat % 2 == 0 else cases[::-1]  # alternate, so drift hits every case alike
+        for case in order:
+            summary = run_case(config_path, case, iterations, ranks, list(overrides))
+            case.summaries.append(summary)
+            progress(f"repeat {repeat + 1}/{repeats} {case.size:<6} {case.mode:<8} {summary['throughput']:>9.0f} samples/s")
+    rows = [case.to_dict() for case in cases]
+    return {"config": config.name, "iterations": iterations, "repeats": repeats, "ranks": ranks,
+            "cases": rows, "ratios": ratios(rows, sizes, modes)}
+
+
+def ratios(rows: list[dict], sizes, modes) -> dict:
+    """Median throughput of each size over the first size's, and of each mode over the first mode's."""
+    rate = {(r["size"], r["mode"]): r["samples_per_s"] for r in rows}
+    out = {}
+    for size in sizes[1:]:
+        for mode in modes:
+            out[f"{size}/{sizes[0]} {mode}"] = round(rate[size, mode] / rate[sizes[0], mode], 3)
+    for size in sizes:
+        for mode in modes[1:]:
+            out[f"{mode}/{modes[0]} {size}"] = round(rate[size, mode] / rate[size, modes[0]], 3)
+    return out
+
+
+def format_table(result: dict) -> str:
+    head = (f"{'size':<6}{'mode':<9}{'rows':>10}{'samples/s':>10}{'moved':>10}"
+            + "".join(f"{s[:8]:>9}" for s in STAGES) + f"{'PS up s':>8}{'PS/shard':>9}{'wk MB':>8}")
+    lines = [f"{result['config']}: {result['iterations']} iterations, median of {result['repeats']}, "
+             f"{result['ranks']} ranks; ms per iteration by stage", head]
+    for r in result["cases"]:
+        lines.append(f"{r['size']:<6}{r['mode']:<9}{r['table_rows']:>10}{r['samples_per_s']:>10.0f}{r['rows_moved']:>10}"
+                     + "".join(f"{r['iteration_ms'][s]:>9.2f}" for s in STAGES)
+                     + f"{r['ps_startup_s']:>8.1f}{r['ps_peak_over_shard']:>9.2f}{r['worker_peak_rss_mb']:>8.0f}")
+    lines.append("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in result["ratios"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,42 @@
+"""One training run across ranks, and its comparison with the single-process reference."""
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from hybrid.comm import split_roles
+from hybrid.reference import train_reference
+from hybrid.trainer import HybridTrainer
+
+
+@dataclass
+class Run:
+    log: list  # this rank's per-iteration records ([] on PS ranks)
+    table: Optional[np.ndarray]  # every embedding row after the final flush (worker 0 only)
+    params: Optional[list]  # MLP weights (workers only)
+    capacity: Optional[int]  # cache slots per worker (workers only)
+    rows_moved: int  # rows all workers moved through the store
+
+
+def train(config, store, iterations: int) -> Run:
+    """Train ``iterations`` global batches on every rank, flush, read the table on worker 0 (collective)."""
+    roles = split_roles(config.cluster.workers, config.cluster.ps)
+    trainer = HybridTrainer(config, roles, store)
+    log = trainer.train(iterations)
+    trainer.flush()
+    table = trainer.table.read_all() if roles.worker == 0 else None
+    params = None if roles.is_ps else [p.detach().numpy().copy() for p in trainer.model.parameters()]
+    capacity = None if roles.is_ps else trainer.scheduler.state.capacity
+    trainer.close()
+    roles.free()
+    moved = MPI.COMM_WORLD.allreduce(sum(sum(r["moved"].values()) for r in log))
+    return Run(log, table, params, capacity, moved)
+
+
+def assert_equals_reference(run: Run, config, store, iterations: int, tolerance: float = 1e-9) -> None:
+    """Worker 0: the run's embeddings and MLP equal plain single-process SGD on the whole global batch."""
+    expected_table, expected_model = train_reference(config, store, iterations)
+    assert np.abs(run.table - expected_table).max() < tolerance
+    for got, want in zip(run.params, expected_model.parameters()):
+        assert np.abs(got - want.detach().numpy()).max() < tolerance
