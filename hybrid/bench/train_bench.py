@@ -10,7 +10,8 @@ noisy machine slows all of them alike, and the table reports medians.
 
 Reported per case: samples/s, embedding rows moved, milliseconds per stage,
 PS start-up seconds and peak memory over its shard, the largest worker peak
-memory; then throughput ratios full/smoke per mode and mode/vanilla per size.
+memory; then throughput ratios full/smoke per mode and mode/vanilla per size,
+each the median over repeats of the ratio within a repeat.
 """
 from __future__ import annotations
 
@@ -122,15 +123,24 @@ def run(*, config_path: str, sizes=("smoke", "full"), modes=("vanilla", "herald"
 
 
 def ratios(rows: list[dict], sizes, modes) -> dict:
-    """Median throughput of each size over the first size's, and of each mode over the first mode's."""
-    rate = {(r["size"], r["mode"]): r["samples_per_s"] for r in rows}
+    """Throughput of each size over the first size's, and of each mode over the first mode's.
+
+    Each is the median over repeats of the ratio within one repeat: the two
+    runs of a pair ran minutes apart at most, so slow drift of a shared
+    machine cancels out.
+    """
+    runs = {(r["size"], r["mode"]): r["samples_per_s_runs"] for r in rows}
+
+    def paired(a, b) -> float:
+        return round(statistics.median(x / y for x, y in zip(runs[a], runs[b])), 3)
+
     out = {}
     for size in sizes[1:]:
         for mode in modes:
-            out[f"{size}/{sizes[0]} {mode}"] = round(rate[size, mode] / rate[sizes[0], mode], 3)
+            out[f"{size}/{sizes[0]} {mode}"] = paired((size, mode), (sizes[0], mode))
     for size in sizes:
         for mode in modes[1:]:
-            out[f"{mode}/{modes[0]} {size}"] = round(rate[size, mode] / rate[size, modes[0]], 3)
+            out[f"{mode}/{modes[0]} {size}"] = paired((size, mode), (size, modes[0]))
     return out
 
 
@@ -143,5 +153,6 @@ def format_table(result: dict) -> str:
         lines.append(f"{r['size']:<6}{r['mode']:<9}{r['table_rows']:>10}{r['samples_per_s']:>10.0f}{r['rows_moved']:>10}"
                      + "".join(f"{r['iteration_ms'][s]:>9.2f}" for s in STAGES)
                      + f"{r['ps_startup_s']:>8.1f}{r['ps_peak_over_shard']:>9.2f}{r['worker_peak_rss_mb']:>8.0f}")
-    lines.append("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in result["ratios"].items()))
+    lines.append("ratios (median of per-repeat ratios): "
+                 + ", ".join(f"{k} {v:.2f}" for k, v in result["ratios"].items()))
     return "\n".join(lines)
