@@ -21,7 +21,6 @@ shard plus the process itself, and all PS ranks initialize in parallel.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -85,7 +84,6 @@ class EmbeddingStore:
     Collective over ``comm`` (creation and :meth:`close`). ``init(shard,
     first_row)`` fills ``shard`` (the rows ``first_row ..`` of the table, in
     the window memory) in place; each PS rank calls it for its own shard.
-    ``startup_seconds`` is how long this rank took to allocate and fill.
     """
 
     def __init__(self, comm: MPI.Comm, ps_ranks: Sequence[int], n_rows: int, dim: int, *,
@@ -101,7 +99,6 @@ class EmbeddingStore:
         self.row_bytes = dim * self.dtype.itemsize
         self.basic = _MPI_TYPES[self.dtype]
         self.row_type = self.basic.Create_contiguous(dim).Commit()
-        start = time.perf_counter()
         first, stop = self.ranges.bounds(self.ps_ranks.index(comm.rank)) if self.is_ps else (0, 0)
         self.win = MPI.Win.Allocate((stop - first) * self.row_bytes, disp_unit=self.row_bytes, comm=comm)
         if stop > first:
@@ -110,7 +107,6 @@ class EmbeddingStore:
                 init(shard, first)
             else:
                 shard.fill(0)
-        self.startup_seconds = time.perf_counter() - start
         idle_barrier(comm)  # shards initialized before anyone reads
         self._locked = not self.is_ps
         if self._locked:

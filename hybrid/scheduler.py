@@ -1,11 +1,13 @@
 """The embedding scheduler: allocation policy + cluster state, one batch ahead.
 
 For each iteration ``t`` it yields a :class:`BatchPlan`: the allocation of
-batch ``t``, what each worker pulls, writes back and how it updates (from the
-cluster state's ``train``), and the plan pushes that batch ``t + 1`` needs
-(from ``plan``, which is why batch ``t + 1`` is allocated before ``t`` is
-handed out). Every rank runs its own scheduler on the same batches and
-reaches the same plans (docs/design.md section 3: nothing is sent).
+batch ``t``, the event counts of all workers (from the cluster state's
+``train``, and ``plan`` for the pushes batch ``t + 1`` needs, which is why
+batch ``t + 1`` is allocated before ``t`` is handed out), a digest of every
+worker's events, and the share of one worker (:class:`WorkerPlan`), read
+from the state's per-worker event groups so that it costs what that
+worker's share costs. Every rank runs its own scheduler on the same batches
+and reaches the same plans (docs/design.md section 3: nothing is sent).
 """
 from __future__ import annotations
 

@@ -57,3 +57,21 @@ def test_python_dash_m_entry_point():
     out = subprocess.run([sys.executable, "-m", "hybrid", "--help"], capture_output=True, text=True, check=True)
     for command in ("synth", "preprocess", "simulate", "train", "bench", "stats"):
         assert command in out.stdout
+
+
+def test_compare_puts_modes_side_by_side_against_the_first_per_config(tmp_path, capsys):
+    def summary(config, mode, throughput, rows, auc):
+        return {"config": config, "mode": mode, "throughput": throughput, "hit_rate": 0.5,
+                "transmissions": {"rows": rows}, "evaluation": {"auc": auc}}
+
+    files = []
+    for i, s in enumerate([summary("a", "vanilla", 100.0, 1000, 0.7), summary("a", "herald", 150.0, 400, 0.7),
+                           summary("b", "vanilla", 50.0, 10, 0.6)]):
+        files.append(tmp_path / f"{i}.json")
+        files[-1].write_text(json.dumps(s))
+    assert main(["compare", *map(str, files)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split() == ["a", "herald", "150", "1.50x", "400", "60.0%", "50.0%", "0.7000"]
+    assert lines[3].split()[3:6] == ["1.00x", "10", "0.0%"]
+    assert main(["compare", str(tmp_path / "missing.json")]) == 1
+    assert "not a training summary" in capsys.readouterr().err
