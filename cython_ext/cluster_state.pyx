@@ -19,8 +19,8 @@ One iteration ``t`` is three calls:
    on-demand mode, pushes the dirty rows another worker needs in ``t + 1``
    (Herald's Algorithm 2).
 
-Each call leaves its events grouped by worker, then by kind (``worker_events``),
-so a worker reads only its own share: per-iteration work follows the batch.
+A worker reads only its own events of each call, by kind (``worker_events``):
+per-iteration work follows the batch.
 A pull is *prefetchable* when the previous iteration wrote nothing to that row
 at the PS (no Accumulate, Put or write-back): its value is final before the
 previous iteration ends, so the runtime may read it while that iteration
@@ -76,7 +76,6 @@ class StateError(RuntimeError):
 
 
 cdef int64_t LOW32 = (<int64_t>1 << 32) - 1
-cdef int64_t NEVER = -(<int64_t>1 << 62)   # stamp of a written-set entry that was never used
 cdef uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL
 
 
@@ -88,6 +87,11 @@ cdef inline uint64_t row_hash(int64_t row) noexcept nogil:
 cdef inline int64_t fib_home(int64_t row, int shift) noexcept nogil:
     """Home of ``row`` in a power-of-two table of ``2 ** (64 - shift)`` entries (Fibonacci hashing)."""
     return <int64_t>((<uint64_t>row * GOLDEN) >> shift)
+
+
+cdef inline int64_t written_stamp(int64_t iteration) noexcept nogil:
+    """The written-set stamp of ``iteration`` (>= -1; plan() may run before the first train()), never 0."""
+    return ((iteration + 2) & LOW32) << 32
 
 
 cdef int table_bits(int64_t entries):
@@ -108,6 +112,7 @@ cdef class ClusterState:
     cdef readonly bint p2p                   # P2P plans: a row one other worker needs goes owner -> worker
     cdef readonly int64_t max_pairs          # (row, worker) needs one iteration may hold
     cdef public int focus                    # worker whose per-sample index set_needs builds (-1: none)
+    cdef readonly bint annotate              # mark prefetchable pulls and hash the events (the runtime's needs)
 
     # L(e): holders of the latest value of each row, words per row
     cdef uint64_t[::1] holders
@@ -132,8 +137,7 @@ cdef class ClusterState:
     # Needs of the current iteration: distinct rows (found through an
     # epoch-tagged hash table of batch size: no per-row array), their worker
     # sets, and (worker, row) pairs sorted by worker.
-    cdef int64_t[::1] need_key               # row of each table entry
-    cdef int64_t[::1] need_val               # epoch << 32 | index in need_rows; stale epoch = free
+    cdef int64_t[::1] need_table             # entry i: [2i] row, [2i + 1] epoch << 32 | index in need_rows
     cdef int need_shift
     cdef int64_t need_mask
     cdef int32_t epoch
@@ -165,14 +169,13 @@ cdef class ClusterState:
     # Rows written to the PS (Accumulate, Put, write-back) by iteration t, in
     # table t & 1 with stamp t: the previous iteration's set decides which
     # pulls are prefetchable. Entries of older iterations count as free.
-    cdef int64_t[::1] written_key
-    cdef int64_t[::1] written_stamp
+    cdef int64_t[::1] written                # entry: stamp(iteration) << 32 | row; other stamps count as free
     cdef int written_shift
     cdef int64_t written_mask
     cdef int64_t written_size
     cdef readonly int64_t iteration          # train() calls so far, minus one
 
-    # event records of the last train()/plan() call, then grouped by (worker, kind)
+    # event records of the last train()/plan() call, in the order they happened
     cdef int64_t[::1] ev_row
     cdef int32_t[::1] ev_worker
     cdef int32_t[::1] ev_slot
@@ -182,21 +185,17 @@ cdef class ClusterState:
     cdef int32_t[::1] ev_pair                # updates: position of the row among its worker's pairs
     cdef int8_t[::1] ev_early                # pulls: prefetchable
     cdef int64_t n_events
-    cdef int64_t[::1] sv_row
-    cdef int32_t[::1] sv_worker
-    cdef int32_t[::1] sv_slot
-    cdef int32_t[::1] sv_kind
-    cdef int32_t[::1] sv_peer
-    cdef int32_t[::1] sv_peer_slot
-    cdef int32_t[::1] sv_pair
-    cdef int8_t[::1] sv_early
-    cdef int64_t[::1] ev_start               # events of (w, kind) in [ev_start[w * 7 + k], ev_start[w * 7 + k + 1])
-    cdef int64_t[::1] ev_fill
-    cdef readonly uint64_t event_digest      # hash of the last call's grouped events
+    cdef int64_t[::1] kind_total             # events of the last call by kind
+    # After train(), worker w's events are two runs: its pulls (and write-backs, P2P) in
+    # [pull_span[2w], pull_span[2w + 1]), and one update per pair at update_base + its pairs.
+    cdef int64_t[::1] pull_span
+    cdef int64_t update_base
+    cdef bint spans_valid                    # False after plan(): plan pushes are in need order
+    cdef readonly uint64_t event_digest      # hash of the last call's events
 
 
     def __init__(self, *, int n_workers, int64_t n_rows, int64_t capacity, bint full_set,
-                 int64_t max_pairs, bint p2p=False, str policy="lru", int focus=-1):
+                 int64_t max_pairs, bint p2p=False, str policy="lru", int focus=-1, bint annotate=True):
         if n_workers < 1:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
         if n_rows < 1 or n_rows >= 2**31:
@@ -217,6 +216,7 @@ cdef class ClusterState:
         self.p2p = p2p
         self.max_pairs = max_pairs
         self.focus = focus
+        self.annotate = annotate
 
         holders = np.zeros((n_rows, self.words), dtype=np.uint64)
         holders[:, 0] = 1  # L(e) = {PS}
@@ -239,8 +239,7 @@ cdef class ClusterState:
         cdef int bits = table_bits(2 * max_pairs)  # load <= 1/2
         self.need_shift = 64 - bits
         self.need_mask = (<int64_t>1 << bits) - 1
-        self.need_key = np.zeros(1 << bits, dtype=np.int64)
-        self.need_val = np.zeros(1 << bits, dtype=np.int64)
+        self.need_table = np.zeros(2 << bits, dtype=np.int64)
         self.epoch = 0
         self.need_rows = np.zeros(max_pairs, dtype=np.int64)
         self.need_masks = np.zeros(max_pairs * self.words, dtype=np.uint64)
@@ -271,8 +270,7 @@ cdef class ClusterState:
         self.written_shift = 64 - bits
         self.written_size = <int64_t>1 << bits
         self.written_mask = self.written_size - 1
-        self.written_key = np.zeros(2 * self.written_size, dtype=np.int64)
-        self.written_stamp = np.full(2 * self.written_size, NEVER, dtype=np.int64)
+        self.written = np.zeros(2 * self.written_size, dtype=np.int64)  # stamp 0: never written
         self.iteration = -1
 
         cdef int64_t n_ev = 3 * max_pairs
@@ -284,16 +282,10 @@ cdef class ClusterState:
         self.ev_peer_slot = np.zeros(n_ev, dtype=np.int32)
         self.ev_pair = np.zeros(n_ev, dtype=np.int32)
         self.ev_early = np.zeros(n_ev, dtype=np.int8)
-        self.sv_row = np.zeros(n_ev, dtype=np.int64)
-        self.sv_worker = np.zeros(n_ev, dtype=np.int32)
-        self.sv_slot = np.zeros(n_ev, dtype=np.int32)
-        self.sv_kind = np.zeros(n_ev, dtype=np.int32)
-        self.sv_peer = np.zeros(n_ev, dtype=np.int32)
-        self.sv_peer_slot = np.zeros(n_ev, dtype=np.int32)
-        self.sv_pair = np.zeros(n_ev, dtype=np.int32)
-        self.sv_early = np.zeros(n_ev, dtype=np.int8)
-        self.ev_start = np.zeros(n_workers * N_KINDS + 1, dtype=np.int64)
-        self.ev_fill = np.zeros(n_workers * N_KINDS + 1, dtype=np.int64)
+        self.kind_total = np.zeros(N_KINDS, dtype=np.int64)
+        self.pull_span = np.zeros(2 * n_workers, dtype=np.int64)
+        self.update_base = 0
+        self.spans_valid = False
         self.n_events = 0
         self.event_digest = 0
 
@@ -453,16 +445,16 @@ cdef class ClusterState:
     cdef inline int64_t need_position(self, int64_t row) noexcept nogil:
         """Entry of ``row`` in the needs table, or the free entry where it belongs."""
         cdef int64_t i = fib_home(row, self.need_shift)
-        while (self.need_val[i] >> 32) == self.epoch and self.need_key[i] != row:
+        while (self.need_table[2 * i + 1] >> 32) == self.epoch and self.need_table[2 * i] != row:
             i = (i + 1) & self.need_mask
         return i
 
     cdef inline int64_t need_index(self, int64_t row) noexcept nogil:
         """Index of ``row`` among this iteration's needed rows, or -1."""
         cdef int64_t i = self.need_position(row)
-        if (self.need_val[i] >> 32) != self.epoch:
+        if (self.need_table[2 * i + 1] >> 32) != self.epoch:
             return -1
-        return self.need_val[i] & LOW32
+        return self.need_table[2 * i + 1] & LOW32
 
     cdef inline bint needed_by(self, int64_t row, int w) noexcept nogil:
         cdef int bit = w + 1
@@ -476,23 +468,29 @@ cdef class ClusterState:
         """``row`` is written to the PS in the current iteration."""
         cdef int64_t base = (self.iteration & 1) * self.written_size
         cdef int64_t i = fib_home(row, self.written_shift)
-        while self.written_stamp[base + i] == self.iteration:
-            if self.written_key[base + i] == row:
+        cdef int64_t stamp = written_stamp(self.iteration), entry
+        while True:
+            entry = self.written[base + i]
+            if (entry & ~LOW32) != stamp:
+                self.written[base + i] = stamp | row
+                return
+            if (entry & LOW32) == row:
                 return
             i = (i + 1) & self.written_mask
-        self.written_key[base + i] = row
-        self.written_stamp[base + i] = self.iteration
 
     cdef inline bint written_before(self, int64_t row) noexcept nogil:
         """Whether the previous iteration wrote ``row`` to the PS."""
         cdef int64_t previous = self.iteration - 1
         cdef int64_t base = (previous & 1) * self.written_size
         cdef int64_t i = fib_home(row, self.written_shift)
-        while self.written_stamp[base + i] == previous:
-            if self.written_key[base + i] == row:
+        cdef int64_t stamp = written_stamp(previous), entry
+        while True:
+            entry = self.written[base + i]
+            if (entry & ~LOW32) != stamp:
+                return False
+            if (entry & LOW32) == row:
                 return True
             i = (i + 1) & self.written_mask
-        return False
 
     # ----------------------------------------------------------------- events
     cdef inline void record(self, int kind, int w, int64_t row, int32_t slot, int32_t pair) noexcept nogil:
@@ -506,39 +504,38 @@ cdef class ClusterState:
         self.ev_pair[n] = pair
         self.ev_early[n] = 0
         self.n_events = n + 1
-        if kind != K_PULL and kind != K_LOCAL and kind != K_P2P:
+        self.kind_total[kind] += 1
+        if self.annotate and kind != K_PULL and kind != K_LOCAL and kind != K_P2P:
             self.mark_written(row)
 
-    cdef void group_events(self) noexcept nogil:
-        """Stable counting sort of the recorded events by (worker, kind), then their digest."""
-        cdef int64_t i, k, n_groups = self.n_workers * N_KINDS
-        cdef uint64_t h = 0
-        for k in range(n_groups + 1):
-            self.ev_start[k] = 0
+    cdef void start_events(self) noexcept nogil:
+        cdef int k
+        self.n_events = 0
+        self.spans_valid = False
+        for k in range(N_KINDS):
+            self.kind_total[k] = 0
+
+    cdef void digest_events(self) noexcept nogil:
+        """A hash of the recorded events, in order (every rank records them in the same order).
+
+        One multiply-xorshift per event: it runs every iteration, so it must
+        cost little next to recording the events. A digest, not a checksum of
+        record: fields share bits, and a divergence changes it all the same.
+        """
+        cdef int64_t i
+        cdef uint64_t h = <uint64_t>self.n_events, fields, more
+        if not self.annotate:
+            self.event_digest = 0
+            return
         for i in range(self.n_events):
-            self.ev_start[self.ev_worker[i] * N_KINDS + self.ev_kind[i] + 1] += 1
-        for k in range(n_groups):
-            self.ev_start[k + 1] += self.ev_start[k]
-        for k in range(n_groups + 1):
-            self.ev_fill[k] = self.ev_start[k]
-        for i in range(self.n_events):
-            k = self.ev_fill[self.ev_worker[i] * N_KINDS + self.ev_kind[i]]
-            self.ev_fill[self.ev_worker[i] * N_KINDS + self.ev_kind[i]] = k + 1
-            self.sv_row[k] = self.ev_row[i]
-            self.sv_worker[k] = self.ev_worker[i]
-            self.sv_slot[k] = self.ev_slot[i]
-            self.sv_kind[k] = self.ev_kind[i]
-            self.sv_peer[k] = self.ev_peer[i]
-            self.sv_peer_slot[k] = self.ev_peer_slot[i]
-            self.sv_pair[k] = self.ev_pair[i]
-            self.sv_early[k] = self.ev_early[i]
-        for k in range(self.n_events):
-            h = mix64(h ^ <uint64_t>self.sv_row[k])
-            h = mix64(h ^ ((<uint64_t><uint32_t>self.sv_slot[k] << 32) | (<uint64_t>self.sv_kind[k] << 24)
-                           | (<uint64_t>self.sv_early[k] << 16)))
-            h = mix64(h ^ ((<uint64_t><uint32_t>self.sv_worker[k] << 32) | <uint32_t>self.sv_peer[k]))
-            h = mix64(h ^ <uint32_t>self.sv_peer_slot[k])
-        self.event_digest = mix64(h ^ <uint64_t>self.n_events)
+            fields = <uint64_t>self.ev_row[i] | (<uint64_t><uint32_t>self.ev_slot[i] << 32)
+            more = <uint64_t><uint32_t>self.ev_worker[i] | (<uint64_t>self.ev_kind[i] << 32) \
+                | (<uint64_t>self.ev_early[i] << 40)
+            if self.ev_kind[i] == K_P2P:
+                more ^= (<uint64_t><uint32_t>self.ev_peer[i] << 8) ^ (<uint64_t><uint32_t>self.ev_peer_slot[i] << 44)
+            h = (h ^ fields ^ ((more << 17) | (more >> 47))) * GOLDEN
+            h ^= h >> 32
+        self.event_digest = mix64(h)
 
     # ------------------------------------------------------------------ needs
     def set_needs(self, const int64_t[:, ::1] rows, const int32_t[::1] alloc):
@@ -576,14 +573,17 @@ cdef class ClusterState:
                 if w == focus:
                     self.focus_sample[self.n_focus] = i
                     self.n_focus += 1
+                if i + 1 < rows.shape[0]:  # overlap the next sample's table misses
+                    for t in range(rows.shape[1]):
+                        prefetch(&self.need_table[2 * fib_home(rows[i + 1, t], self.need_shift)])
                 for t in range(rows.shape[1]):
                     e = rows[i, t]
                     pos = self.need_position(e)
-                    tag = self.need_val[pos]
+                    tag = self.need_table[2 * pos + 1]
                     if (tag >> 32) != self.epoch:
                         tag = epoch_bits | self.n_need
-                        self.need_key[pos] = e
-                        self.need_val[pos] = tag
+                        self.need_table[2 * pos] = e
+                        self.need_table[2 * pos + 1] = tag
                         self.need_rows[self.n_need] = e
                         self.need_trainers[self.n_need] = 0
                         self.need_focus[self.n_need] = EMPTY
@@ -634,16 +634,20 @@ cdef class ClusterState:
         cdef int w
         with nogil:
             self.iteration += 1
-            self.n_events = 0
+            self.start_events()
             if self.p2p:
                 self.match_p2p()
             for w in range(self.n_workers):
+                self.pull_span[2 * w] = self.n_events
                 bad_row = self.pull_worker(w)
+                self.pull_span[2 * w + 1] = self.n_events
                 if bad_row >= 0:
                     break
             if bad_row < 0:
+                self.update_base = self.n_events
                 self.update()
-            self.group_events()
+                self.spans_valid = True
+            self.digest_events()
         if bad_row >= 0:
             raise StateError(f"row {bad_row}: needed by worker {w} but neither fresh there nor held by the PS"
                              if bad_row < self.n_rows else
@@ -719,7 +723,7 @@ cdef class ClusterState:
             if self.pair_source[p] == EMPTY:
                 n = self.n_events
                 self.record(K_PULL, w, e, s, EMPTY)
-                self.ev_early[n] = not self.written_before(e)
+                self.ev_early[n] = self.annotate and not self.written_before(e)
                 self.set_bit(e, w + 1)
             else:
                 n = self.n_events
@@ -759,11 +763,11 @@ cdef class ClusterState:
         """
         cdef int64_t p, e
         cdef int owner
-        self.n_events = 0
+        self.start_events()
         if rows_next is None:
             self.needs_ready = False
             with nogil:
-                self.group_events()
+                self.digest_events()
             return self.counts()
         self.set_needs(rows_next, alloc_next)
         with nogil:
@@ -777,7 +781,7 @@ cdef class ClusterState:
                 if owner >= 0 and owner != self.pair_worker[p]:
                     self.record(K_PLAN_PUSH, owner, e, self.find(owner, e), EMPTY)
                     self.set_bit(e, PS_BIT)
-            self.group_events()
+            self.digest_events()
         return self.counts()
 
     # ------------------------------------------------------------- flushing
@@ -817,7 +821,8 @@ cdef class ClusterState:
         """An independent state with the same contents (for what-if evaluation)."""
         cdef ClusterState clone = ClusterState(
             n_workers=self.n_workers, n_rows=self.n_rows, capacity=self.capacity, full_set=self.full_set,
-            max_pairs=self.max_pairs, p2p=self.p2p, policy="lru" if self.buckets == 1 else "lfu", focus=self.focus)
+            max_pairs=self.max_pairs, p2p=self.p2p, policy="lru" if self.buckets == 1 else "lfu", focus=self.focus,
+            annotate=self.annotate)
         clone.holders[:] = self.holders
         clone.slot_row[:] = self.slot_row
         clone.lru_prev[:] = self.lru_prev
@@ -828,8 +833,7 @@ cdef class ClusterState:
         clone.lowest[:] = self.lowest
         clone.used[:] = self.used
         clone.table[:] = self.table
-        clone.need_key[:] = self.need_key
-        clone.need_val[:] = self.need_val
+        clone.need_table[:] = self.need_table
         clone.need_rows[:] = self.need_rows
         clone.need_masks[:] = self.need_masks
         clone.pair_row[:] = self.pair_row
@@ -843,8 +847,7 @@ cdef class ClusterState:
         clone.need_focus[:] = self.need_focus
         clone.focus_sample[:] = self.focus_sample
         clone.focus_entry[:] = self.focus_entry
-        clone.written_key[:] = self.written_key
-        clone.written_stamp[:] = self.written_stamp
+        clone.written[:] = self.written
         clone.epoch, clone.n_need, clone.n_pairs = self.epoch, self.n_need, self.n_pairs
         clone.needs_ready, clone.n_tables, clone.n_focus = self.needs_ready, self.n_tables, self.n_focus
         clone.iteration = self.iteration
@@ -857,47 +860,76 @@ cdef class ClusterState:
 
     def counts(self):
         """Events of the last train()/plan() call by kind name."""
-        tally = [0] * N_KINDS
-        cdef int w, k
-        for w in range(self.n_workers):
-            for k in range(N_KINDS):
-                tally[k] += self.ev_start[w * N_KINDS + k + 1] - self.ev_start[w * N_KINDS + k]
-        return dict(zip(KIND_NAMES, tally))
+        return dict(zip(KIND_NAMES, (int(x) for x in self.kind_total)))
 
     def events(self):
-        """Events of the last call as arrays kind, worker, row, slot: by worker, then kind, then in order."""
+        """Events of the last call as arrays kind, worker, row, slot (in execution order)."""
         n = self.n_events
-        return (np.asarray(self.sv_kind[:n]).copy(), np.asarray(self.sv_worker[:n]).copy(),
-                np.asarray(self.sv_row[:n]).copy(), np.asarray(self.sv_slot[:n]).copy())
+        return (np.asarray(self.ev_kind[:n]).copy(), np.asarray(self.ev_worker[:n]).copy(),
+                np.asarray(self.ev_row[:n]).copy(), np.asarray(self.ev_slot[:n]).copy())
 
     def peers(self):
         """For the events of the last call: sending worker and its slot of P2P events, else -1."""
         n = self.n_events
-        return np.asarray(self.sv_peer[:n]).copy(), np.asarray(self.sv_peer_slot[:n]).copy()
+        return np.asarray(self.ev_peer[:n]).copy(), np.asarray(self.ev_peer_slot[:n]).copy()
 
     def prefetchable(self):
         """For the events of the last call: pulls of rows the previous iteration did not write to the PS."""
-        return np.asarray(self.sv_early[:self.n_events]).astype(bool)
+        return np.asarray(self.ev_early[:self.n_events]).astype(bool)
 
     def worker_events(self, int w):
-        """Worker ``w``'s events of the last call, by kind name: copies of ``rows``, ``slots``,
-        ``pairs`` (updates: position among ``w``'s needed rows), ``early`` (pulls: prefetchable)
-        and, for P2P, ``peers`` and ``peer_slots``. Costs what ``w``'s events cost, not the batch's."""
+        """Worker ``w``'s events of the last call by kind name, each kind's in execution order.
+
+        Per kind a dict of arrays: ``rows``, ``slots``; pulls add ``early``
+        (prefetchable), updates ``pairs`` (positions among ``w``'s needed
+        rows), P2P ``peers`` and ``peer_slots``. After ``train()`` only ``w``'s
+        own runs of events are read; after ``plan()`` (plan pushes only) all.
+        """
         if w < 0 or w >= self.n_workers:
             raise ValueError(f"worker must be in [0, {self.n_workers}), got {w}")
+        cdef int64_t i, k, r
+        cdef int64_t[::1] start = np.zeros(N_KINDS + 1, dtype=np.int64)
+        cdef int64_t[::1] runs = np.zeros(4, dtype=np.int64)
+        if self.spans_valid:
+            runs[0], runs[1] = self.pull_span[2 * w], self.pull_span[2 * w + 1]
+            runs[2], runs[3] = self.update_base + self.worker_start[w], self.update_base + self.worker_start[w + 1]
+        else:
+            runs[1] = self.n_events
+        with nogil:
+            for r in range(0, 4, 2):
+                for i in range(runs[r], runs[r + 1]):
+                    if self.ev_worker[i] == w:
+                        start[self.ev_kind[i] + 1] += 1
+            for k in range(N_KINDS):
+                start[k + 1] += start[k]
+        n = start[N_KINDS]
+        rows_array, slots_array = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int32)
+        aux_array, aux2_array = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32)
+        early_array = np.empty(n, dtype=np.int8)
+        cdef int64_t[::1] rows = rows_array
+        cdef int32_t[::1] slots = slots_array, aux = aux_array, aux2 = aux2_array
+        cdef int8_t[::1] early = early_array
+        cdef int64_t[::1] fill = np.asarray(start).copy()
+        with nogil:
+            for r in range(0, 4, 2):
+                for i in range(runs[r], runs[r + 1]):
+                    if self.ev_worker[i] != w:
+                        continue
+                    k = fill[self.ev_kind[i]]
+                    fill[self.ev_kind[i]] = k + 1
+                    rows[k], slots[k], early[k] = self.ev_row[i], self.ev_slot[i], self.ev_early[i]
+                    aux[k] = self.ev_peer[i] if self.ev_kind[i] == K_P2P else self.ev_pair[i]
+                    aux2[k] = self.ev_peer_slot[i]
         result = {}
-        cdef int k
-        cdef int64_t a, b
         for k in range(N_KINDS):
-            a, b = self.ev_start[w * N_KINDS + k], self.ev_start[w * N_KINDS + k + 1]
-            group = {"rows": np.asarray(self.sv_row[a:b]).copy(), "slots": np.asarray(self.sv_slot[a:b]).copy()}
+            a, b = start[k], start[k + 1]
+            group = {"rows": rows_array[a:b], "slots": slots_array[a:b]}
             if k == K_PULL:
-                group["early"] = np.asarray(self.sv_early[a:b]).astype(bool)
+                group["early"] = early_array[a:b].astype(bool)
             elif k == K_LOCAL or k == K_ACCUMULATE or k == K_FULL_SET_PUSH:
-                group["pairs"] = np.asarray(self.sv_pair[a:b]).copy()
+                group["pairs"] = aux_array[a:b]
             elif k == K_P2P:
-                group["peers"] = np.asarray(self.sv_peer[a:b]).copy()
-                group["peer_slots"] = np.asarray(self.sv_peer_slot[a:b]).copy()
+                group["peers"], group["peer_slots"] = aux_array[a:b], aux2_array[a:b]
             result[KIND_NAMES[k]] = group
         return result
 

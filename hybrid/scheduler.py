@@ -110,7 +110,8 @@ class Scheduler:
     """Runs a mode's allocation policy and the cluster state over global batches.
 
     With a ``worker`` (the runtime's own), each plan carries that worker's
-    :class:`WorkerPlan`; without one (the simulator) only counts and digests.
+    :class:`WorkerPlan` and a digest of every worker's events; without one
+    (the simulator) only counts.
     """
 
     mode: Mode
@@ -141,7 +142,7 @@ class Scheduler:
                                  f"not {mode.value}")
         state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=full_set,
                              max_pairs=n_workers * per_worker * n_tables, p2p=p2p, policy=config.cache.policy.value,
-                             focus=-1 if worker is None else worker)
+                             focus=-1 if worker is None else worker, annotate=worker is not None)
         if not uses_laia:
             policy = RandomAllocation(n_workers, config.seed)
         else:

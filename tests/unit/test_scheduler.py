@@ -16,7 +16,7 @@ def _config(store_path, *overrides):
                               "cache.ratio=0.2", "seed=3", *overrides])
 
 
-def _digests(config, store, iterations, worker=None):
+def _digests(config, store, iterations, worker=0):
     scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, worker=worker)
     batches = (b.sparse for b in store.batches(config.global_batch))
     return [plan.digest for plan, _ in zip(scheduler.plans(batches), range(iterations))]
