@@ -20,12 +20,14 @@ One iteration ``t`` is three calls:
    (Herald's Algorithm 2).
 
 A worker reads only its own events of each call, by kind (``worker_events``):
-per-iteration work follows the batch.
-A pull is *prefetchable* when the previous iteration wrote nothing to that row
-at the PS (no Accumulate, Put or write-back): its value is final before the
-previous iteration ends, so the runtime may read it while that iteration
-computes. For one *focus* worker (the runtime's own) ``set_needs`` also builds
-the per-sample index of its unique rows (``focus_needs``).
+per-iteration work follows the batch. With ``annotate`` (where a worker runs
+the scheduler) each call's events are also hashed (the cross-rank digest),
+and a pull is marked *prefetchable* when the previous iteration wrote
+nothing to that row at the PS (no Accumulate, Put or write-back): its value
+is final before the previous iteration ends, so the runtime may read it
+while that iteration computes. For one *focus* worker (the runtime's own)
+``set_needs`` also builds the per-sample index of its unique rows
+(``focus_needs``).
 
 Memory, per rank: 8 bytes per embedding row per 64 holders (the holder bits),
 24 bytes per cache slot of every worker (4 row + 8 replacement links + 12 for

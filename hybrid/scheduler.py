@@ -5,8 +5,8 @@ batch ``t``, the event counts of all workers (from the cluster state's
 ``train``, and ``plan`` for the pushes batch ``t + 1`` needs, which is why
 batch ``t + 1`` is allocated before ``t`` is handed out), a digest of every
 worker's events, and the share of one worker (:class:`WorkerPlan`), read
-from the state's per-worker event groups so that it costs what that
-worker's share costs. Every rank runs its own scheduler on the same batches
+from that worker's own runs of events so that it costs what the share
+costs. Every rank runs its own scheduler on the same batches
 and reaches the same plans (docs/design.md section 3: nothing is sent).
 """
 from __future__ import annotations
