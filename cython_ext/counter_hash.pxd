@@ -1,7 +1,7 @@
 # Counter-based hashing shared by every Cython kernel.
 #
 # Randomness in this project must not depend on call order, thread timing or
-# chunking (DESIGN.md section 3): each draw is a pure function of
+# chunking (docs/design.md section 3): each draw is a pure function of
 # (seed, stream, counter). These inline functions are the C twin of
 # hybrid/counter_hash.py; a unit test checks that both agree bit for bit.
 from libc.stdint cimport uint64_t
