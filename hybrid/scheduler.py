@@ -57,7 +57,7 @@ class WorkerPlan:
     ``accumulate`` and ``full_set`` are positions in ``rows`` by update kind.
     ``pull`` must be read after the previous iteration's barrier; ``prefetch``
     rows were not written by the previous iteration, so they may be read
-    while it runs (docs/runtime.md, "Ordering").
+    while it runs (docs/design.md, section 11).
     """
 
     samples: np.ndarray  # int64 positions of this worker's samples in the global batch

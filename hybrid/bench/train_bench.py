@@ -15,6 +15,7 @@ each the median over repeats of the ratio within a repeat.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -59,13 +60,22 @@ class Case:
         }
 
 
-def full_size_store(config: Config, rows: int) -> tuple[Path, dict]:
-    """Where the full-cardinality store of ``config``'s generator lives, and how to make it."""
-    spec = config.data.synthetic
-    if spec is None:
+def store_specs(config: Config, sizes, full_rows: int) -> dict[str, tuple[Path, dict]]:
+    """Per size, where its store lives and how ``hybrid synth`` makes it.
+
+    ``smoke`` is the config's own store; ``full`` the same generator at scale
+    1.0 (the public dataset's cardinalities) with ``full_rows`` samples.
+    """
+    if config.data.synthetic is None:
         raise ConfigError(f"{config.name}: data.synthetic is not set; bench train scales a synthetic workload")
-    path = Path(config.data.path).parent / f"{config.name}-full-{rows}"
-    return path, {"like": spec.like, "rows": rows, "scale": 1.0, "seed": spec.seed}
+    smoke = dataclasses.asdict(config.data.synthetic)
+    specs = {"smoke": (Path(config.data.path), smoke),
+             "full": (Path(config.data.path).parent / f"{config.name}-full-{full_rows}",
+                      {**smoke, "rows": full_rows, "scale": 1.0})}
+    unknown = [size for size in sizes if size not in specs]
+    if unknown:
+        raise ConfigError(f"--sizes: expected smoke and/or full, got {', '.join(unknown)}")
+    return {size: specs[size] for size in sizes}
 
 
 def ensure_store(path: Path, synthetic: dict, say: Callable[[str], None]) -> None:
@@ -94,19 +104,7 @@ def run_case(config_path: str, case: Case, iterations: int, ranks: int, override
 def run(*, config_path: str, sizes=("smoke", "full"), modes=("vanilla", "herald"), iterations: int = 200,
         repeats: int = 3, full_rows: int = 2_000_000, overrides=(), progress=print) -> dict:
     config = load_config(config_path, list(overrides))
-    if config.data.synthetic is None:
-        raise ConfigError(f"{config_path}: data.synthetic is not set; bench train scales a synthetic workload")
-    stores = {}
-    for size in sizes:
-        if size == "smoke":
-            stores[size] = (Path(config.data.path), {"like": config.data.synthetic.like,
-                                                     "rows": config.data.synthetic.rows,
-                                                     "scale": config.data.synthetic.scale,
-                                                     "seed": config.data.synthetic.seed})
-        elif size == "full":
-            stores[size] = full_size_store(config, full_rows)
-        else:
-            raise ConfigError(f"--sizes: expected smoke and/or full, got {size!r}")
+    stores = store_specs(config, sizes, full_rows)
     for path, synthetic in stores.values():
         ensure_store(path, synthetic, progress)
     ranks = config.cluster.workers + config.cluster.ps
