@@ -66,6 +66,14 @@ class SyncMode(str, enum.Enum):
     p2p = "p2p"
 
 
+class Transport(str, enum.Enum):
+    """How workers reach the PS ranks' rows (docs/design.md section 12)."""
+
+    auto = "auto"  # rma when every rank is on one host, else packed
+    rma = "rma"  # one-sided Get/Put/Accumulate on the PS windows
+    packed = "packed"  # one message per PS rank per operation, applied by the PS
+
+
 class DenseOptimizer(str, enum.Enum):
     sgd = "sgd"
     adagrad = "adagrad"
@@ -106,6 +114,7 @@ class ClusterConfig:
 
     workers: int = 8
     ps: int = 1
+    transport: Transport = Transport.auto
 
 
 @dataclass

@@ -18,6 +18,15 @@ whole life; ``close()`` ends it and frees the window collectively.
 Start-up follows a shard: each PS rank fills only its own rows, in place in
 the window memory (``init(shard, first_row)``), so its peak memory is the
 shard plus the process itself, and all PS ranks initialize in parallel.
+
+Two transports move the rows (docs/design.md section 12): ``rma``, the
+one-sided operations above, for ranks that share memory, and ``packed``
+(``hybrid.packed_transport``), one message per PS rank per operation that
+the PS rank applies itself, for ranks on different hosts, where one-sided
+operations on scattered rows cost per row. ``auto`` picks ``rma`` when every
+rank is on one host. The PS ranks serve packed messages inside the
+collective :meth:`EmbeddingStore.barrier`, which is where they wait out a
+training run.
 """
 from __future__ import annotations
 
@@ -27,9 +36,24 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from hybrid import packed_transport
 from hybrid.comm import idle_barrier
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
+TRANSPORTS = ("auto", "rma", "packed")
+_MAX_MESSAGE_BYTES = 2**31 - 1  # MPI counts are C ints
+
+
+def choose_transport(requested: str, comm: MPI.Comm) -> str:
+    """``requested``, or for ``auto``: ``rma`` when every rank of ``comm`` shares one host, else ``packed``."""
+    if requested not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {requested!r}")
+    if requested != "auto":
+        return requested
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    one_host = node.size == comm.size
+    node.Free()
+    return "rma" if comm.allreduce(one_host, op=MPI.LAND) else "packed"
 
 
 @dataclass(frozen=True)
@@ -62,7 +86,8 @@ class Handle:
     """Outstanding RMA operations; ``wait()`` completes them."""
 
     store: "EmbeddingStore"
-    targets: list = field(default_factory=list)
+    targets: list = field(default_factory=list)  # PS ranks to flush (rma)
+    requests: list = field(default_factory=list)  # messages to complete (packed)
     scatter: list = field(default_factory=list)  # (destination, positions, staging) for reads
     buffers: list = field(default_factory=list)  # origin buffers MPI may read until the flush
     done: bool = False
@@ -87,13 +112,15 @@ class EmbeddingStore:
     """
 
     def __init__(self, comm: MPI.Comm, ps_ranks: Sequence[int], n_rows: int, dim: int, *,
-                 dtype=np.float32, init: Optional[Callable[[np.ndarray, int], None]] = None):
+                 dtype=np.float32, init: Optional[Callable[[np.ndarray, int], None]] = None,
+                 transport: str = "auto"):
         self.comm, self.ps_ranks, self.dim = comm, list(ps_ranks), dim
         self.dtype = np.dtype(dtype)
         if self.dtype not in _MPI_TYPES:
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
         if not self.ps_ranks:
             raise ValueError("at least one PS rank is needed")
+        self.transport = choose_transport(transport, comm)
         self.ranges = RowRanges(n_rows, len(self.ps_ranks))
         self.is_ps = comm.rank in self.ps_ranks
         self.row_bytes = dim * self.dtype.itemsize
@@ -101,14 +128,19 @@ class EmbeddingStore:
         self.row_type = self.basic.Create_contiguous(dim).Commit()
         first, stop = self.ranges.bounds(self.ps_ranks.index(comm.rank)) if self.is_ps else (0, 0)
         self.win = MPI.Win.Allocate((stop - first) * self.row_bytes, disp_unit=self.row_bytes, comm=comm)
-        if stop > first:
-            shard = np.frombuffer(self.win.tomemory(), dtype=self.dtype).reshape(stop - first, dim)
-            if init is not None:
+        self.channel = comm.Dup() if self.transport == "packed" else None
+        self.service = None
+        if self.is_ps:
+            memory = self.win.tomemory() if stop > first else bytearray(0)
+            shard = np.frombuffer(memory, dtype=self.dtype).reshape(stop - first, dim)
+            if init is not None and stop > first:
                 init(shard, first)
             else:
                 shard.fill(0)
+            if self.channel is not None:
+                self.service = packed_transport.PsService(self.channel, shard)
         idle_barrier(comm)  # shards initialized before anyone reads
-        self._locked = not self.is_ps
+        self._locked = self.transport == "rma" and not self.is_ps
         if self._locked:
             self.win.Lock_all()
         self.rows_moved = {"pull": 0, "put": 0, "accumulate": 0}  # rows this rank moved, by operation
@@ -119,6 +151,8 @@ class EmbeddingStore:
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) and (rows.min() < 0 or rows.max() >= self.ranges.n_rows):
             raise ValueError(f"rows must be in [0, {self.ranges.n_rows}), got [{rows.min()}, {rows.max()}]")
+        if self.channel is not None and len(rows) * (8 + self.row_bytes) > _MAX_MESSAGE_BYTES:
+            raise ValueError(f"{len(rows)} rows of {self.row_bytes} bytes exceed one MPI message; split them")
         shard = self.ranges.shard_of(rows)
         order = np.argsort(shard, kind="stable")
         bounds = np.searchsorted(shard[order], np.arange(len(self.ps_ranks) + 1))
@@ -141,10 +175,15 @@ class EmbeddingStore:
         handle = Handle(self)
         for target, positions, local in self._batches(rows):
             staging = np.empty((len(positions), self.dim), dtype=self.dtype)
-            ttype = self._target_type(local)
-            self.win.Get([staging, len(positions), self.row_type], target, target=(0, 1, ttype))
-            ttype.Free()
-            handle.targets.append(target)
+            if self.channel is not None:
+                requests, ids = packed_transport.request_pull(self.channel, target, local, staging)
+                handle.requests += requests
+                handle.buffers.append(ids)
+            else:
+                ttype = self._target_type(local)
+                self.win.Get([staging, len(positions), self.row_type], target, target=(0, 1, ttype))
+                ttype.Free()
+                handle.targets.append(target)
             handle.scatter.append((out, positions if at is None else at[positions], staging))
         return handle
 
@@ -162,6 +201,11 @@ class EmbeddingStore:
         handle = Handle(self)
         for target, positions, local in self._batches(rows):
             staging = np.ascontiguousarray(values[positions], dtype=self.dtype)
+            if self.channel is not None:
+                requests, packed = packed_transport.request_write(self.channel, target, local, staging, accumulate)
+                handle.requests += requests
+                handle.buffers.append(packed)
+                continue
             ttype = self._target_type(local)
             origin = [staging, len(positions), self.row_type]
             if accumulate:
@@ -174,10 +218,13 @@ class EmbeddingStore:
         return handle
 
     def complete(self, *handles: Handle) -> None:
-        """Complete ``handles``: one ``Flush`` per PS rank they reach, then reads land in place."""
+        """Complete ``handles`` (one ``Flush`` per PS rank they reach, or their replies); then reads land in place."""
         pending = [h for h in handles if not h.done]
         for target in sorted({t for h in pending for t in h.targets}):
             self.win.Flush(target)
+        requests = [r for h in pending for r in h.requests]
+        if requests:
+            MPI.Request.Waitall(requests)
         for handle in pending:
             handle._finish()
 
@@ -190,8 +237,22 @@ class EmbeddingStore:
     def read_all(self) -> np.ndarray:
         """Every row, read by the calling worker (checkpoints, tests)."""
         out = np.empty((self.ranges.n_rows, self.dim), dtype=self.dtype)
-        self.pull(np.arange(self.ranges.n_rows), out).wait()
+        chunk = max(1, (256 << 20) // self.row_bytes)
+        for begin in range(0, self.ranges.n_rows, chunk):
+            rows = np.arange(begin, min(begin + chunk, self.ranges.n_rows))
+            self.pull(rows, out[begin:begin + chunk]).wait()
         return out
+
+    def barrier(self) -> None:
+        """A barrier over ``comm`` (collective) during which PS ranks serve packed messages.
+
+        Workers enter it once their handles are complete, so when it returns
+        no operation is in flight. PS ranks spend a training run in it.
+        """
+        if self.service is None:
+            idle_barrier(self.comm)  # PS ranks wait here without spinning while workers finish
+        else:
+            self.service.serve_until(self.comm.Ibarrier())
 
     def close(self) -> None:
         """End the epoch and free the window (collective)."""
@@ -199,9 +260,11 @@ class EmbeddingStore:
             return
         if self._locked:
             self.win.Unlock_all()
-        idle_barrier(self.comm)  # PS ranks wait here without spinning while workers finish
+        self.barrier()
         self.win.Free()
         self.row_type.Free()
+        if self.channel is not None:
+            self.channel.Free()
         self.win = None
 
     def __enter__(self) -> "EmbeddingStore":

@@ -5,8 +5,8 @@ fingerprint (a mismatch stops all of them with one message), then train,
 flush dirty rows to the PS, evaluate on the held-out split and report on
 worker 0: throughput, embedding transmissions measured at the RMA store,
 hit rate, AUC/log loss, the iteration time breakdown, and each rank's
-start-up time and peak memory. PS ranks sleep in a barrier while the
-workers train.
+start-up time and peak memory. PS ranks wait in the store's barrier (serving
+packed transfers) while the workers train.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
-from hybrid.comm import check_agreement, idle_barrier, split_roles
+from hybrid.comm import check_agreement, split_roles
 from hybrid.config import Config
 from hybrid.data.store import BatchStore, StoreError
 from hybrid.trainer import STAGES, HybridTrainer
@@ -86,7 +86,7 @@ def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations:
             log_file.close()
     trainer.flush()
     evaluation = trainer.evaluate(test)
-    idle_barrier(trainer.roles.world)  # PS ranks wait here, asleep, for the whole run
+    trainer.table.barrier()  # PS ranks wait here for the whole run, serving packed transfers
     ranks = trainer.roles.world.gather(_rank_report(trainer), root=0)
     return _summarize(config, trainer, log, seconds, evaluation, ranks) if not trainer.roles.is_ps else None
 

@@ -164,7 +164,8 @@ class HybridTrainer:
         n_rows = int(store.cardinalities.sum())
         dim = config.model.embedding_dim
         self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, dim, dtype=self.dtype,
-                                    init=lambda shard, first: fill_initial_rows(shard, config.seed, first))
+                                    init=lambda shard, first: fill_initial_rows(shard, config.seed, first),
+                                    transport=config.cluster.transport.value)
         self.hvd = init_horovod(roles)
         self.last_loss = 0.0
         if roles.is_ps:

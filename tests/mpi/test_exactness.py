@@ -48,7 +48,8 @@ def test_bsp_modes_equal_the_single_process_reference(store_path, mode, model, n
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["vanilla", "herald"])
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
-def test_exact_under_heavy_cache_churn(store_path, mode, overlap):
+@pytest.mark.parametrize("transport", ["rma", "packed"])
+def test_exact_under_heavy_cache_churn(store_path, mode, overlap, transport):
     """A cache of exactly one working set: every iteration evicts, write-backs race prefetches."""
     world = MPI.COMM_WORLD
     iterations = 40
@@ -56,7 +57,8 @@ def test_exact_under_heavy_cache_churn(store_path, mode, overlap):
                                 "train.batch_per_worker=8", "cache.ratio=0.0061", f"scheduler.mode={mode}",
                                 "model.name=dlrm", "model.precision=float64", "model.embedding_dim=4",
                                 "model.bottom_mlp=[8]", "model.top_mlp=[8]", "train.embedding_lr=0.1",
-                                "train.dense_lr=0.05", "seed=3", f"train.overlap={overlap}"])
+                                "train.dense_lr=0.05", "seed=3", f"train.overlap={overlap}",
+                                f"cluster.transport={transport}"])
     store = BatchStore(store_path)
     run = distributed_run.train(config, store, iterations)
     prefetched = world.allreduce(sum(r["prefetched"] for r in run.log))

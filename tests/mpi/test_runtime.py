@@ -30,9 +30,10 @@ def _config(store_path, *overrides):
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["vanilla", "herald"])
-def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode):
+@pytest.mark.parametrize("transport", ["rma", "packed"])
+def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, transport):
     world = MPI.COMM_WORLD
-    config = _config(store_path, f"scheduler.mode={mode}")
+    config = _config(store_path, f"scheduler.mode={mode}", f"cluster.transport={transport}")
     store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
     roles = split_roles(config.cluster.workers, config.cluster.ps)
     trainer = HybridTrainer(config, roles, store)

@@ -1,0 +1,103 @@
+"""The packed PS transport: one message per PS rank per operation (docs/design.md section 12).
+
+Across hosts, MPI one-sided operations on scattered rows cost per row, not
+per byte (OpenMPI through UCX over TCP splits an indexed datatype into one
+remote operation per block). Here a worker packs everything one operation
+sends to one PS rank into a single contiguous message, and the PS rank,
+which owns the rows in its window memory, applies it:
+
+- ``pull``: the worker sends the shard-local row ids (int64); the PS
+  gathers the rows and sends them back as one ``[n, dim]`` block;
+- ``put`` / ``accumulate``: the worker sends ids and values in one buffer
+  (``n`` int64 ids, then ``n * dim`` values); the PS overwrites or adds them
+  (``hybrid._ext.row_kernels``) and answers with an empty acknowledgement.
+
+A handle completes when its replies have arrived, so a completed write is in
+the PS's memory: the ordering rules of section 11 hold as they do with
+``Flush``. Messages between a worker and a PS rank use one tag per kind on a
+communicator of their own; MPI's non-overtaking rule matches replies to
+requests in order. PS ranks serve inside :meth:`PsService.serve_until`,
+which the store's collective ``barrier()`` runs while everyone else waits.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from hybrid._ext import row_kernels
+
+PULL, ROWS, PUT, ADD, DONE = 1, 2, 3, 4, 5
+_IDLE_SPIN_SECONDS = 0.002  # keep probing this long after a message before sleeping between probes
+_IDLE_SLEEP_SECONDS = 0.00005
+
+
+def request_pull(channel: MPI.Comm, target: int, local_rows: np.ndarray,
+                 staging: np.ndarray) -> tuple[list, np.ndarray]:
+    """Start reading ``local_rows`` of ``target``'s shard into ``staging``; returns the requests and the id buffer."""
+    ids = np.ascontiguousarray(local_rows, dtype=np.int64)
+    reply = channel.Irecv(staging, source=target, tag=ROWS)
+    return [reply, channel.Isend(ids, dest=target, tag=PULL)], ids
+
+
+def request_write(channel: MPI.Comm, target: int, local_rows: np.ndarray, values: np.ndarray,
+                  accumulate: bool) -> tuple[list, np.ndarray]:
+    """Start writing ``values`` to ``local_rows`` of ``target``'s shard; returns the requests and the buffer."""
+    n = len(local_rows)
+    packed = np.empty(n * 8 + values.nbytes, dtype=np.uint8)
+    packed[:n * 8].view(np.int64)[:] = local_rows
+    packed[n * 8:].view(values.dtype).reshape(values.shape)[:] = values
+    done = channel.Irecv([None, 0, MPI.BYTE], source=target, tag=DONE)
+    return [done, channel.Isend([packed, MPI.BYTE], dest=target, tag=ADD if accumulate else PUT)], packed
+
+
+class PsService:
+    """A PS rank's side: answers the workers' packed messages against ``shard``."""
+
+    def __init__(self, channel: MPI.Comm, shard: np.ndarray):
+        self.channel, self.shard = channel, shard
+        self.row_bytes = shard.shape[1] * shard.itemsize
+        self._replies: list = []  # (request, buffer) of replies in flight
+
+    def serve_until(self, done: MPI.Request) -> None:
+        """Answer messages until ``done`` completes (a barrier the workers enter once their handles are complete)."""
+        status = MPI.Status()
+        idle_since = time.perf_counter()
+        while True:
+            message = self.channel.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+            if message is not None:
+                self._answer(message, status)
+                idle_since = time.perf_counter()
+                continue
+            if done.Test():
+                break
+            if time.perf_counter() - idle_since > _IDLE_SPIN_SECONDS:
+                time.sleep(_IDLE_SLEEP_SECONDS)  # ranks may share cores: do not take theirs while idle
+            self._reap()
+        MPI.Request.Waitall([r for r, _ in self._replies])
+        self._replies.clear()
+
+    def _answer(self, message: MPI.Message, status: MPI.Status) -> None:
+        source, tag, size = status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
+        if tag == PULL:
+            ids = np.empty(size // 8, dtype=np.int64)
+            message.Recv([ids, MPI.BYTE])
+            rows = np.empty((len(ids), self.shard.shape[1]), dtype=self.shard.dtype)
+            row_kernels.gather_rows(self.shard, ids, rows)
+            self._replies.append((self.channel.Isend(rows, dest=source, tag=ROWS), rows))
+        elif tag in (PUT, ADD):
+            packed = np.empty(size, dtype=np.uint8)
+            message.Recv([packed, MPI.BYTE])
+            n = size // (8 + self.row_bytes)
+            ids = packed[:n * 8].view(np.int64)
+            values = packed[n * 8:].view(self.shard.dtype).reshape(n, self.shard.shape[1])
+            (row_kernels.add_rows if tag == ADD else row_kernels.put_rows)(self.shard, ids, values)
+            self._replies.append((self.channel.Isend([None, 0, MPI.BYTE], dest=source, tag=DONE), None))
+        else:
+            raise RuntimeError(f"PS rank {self.channel.rank}: unexpected message tag {tag} from rank {source}")
+
+    def _reap(self) -> None:
+        """Drop the replies that have left."""
+        if self._replies and MPI.Request.Testall([r for r, _ in self._replies]):
+            self._replies.clear()
