@@ -5,8 +5,11 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
+import time
 from pathlib import Path
+from typing import Optional
 
 import yaml
 from tqdm import tqdm
@@ -206,7 +209,51 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _bandwidth(text: str) -> Optional[str]:
+    """A tc rate (``1gbit``, ``100mbit``, ``500kbit``) or ``none`` (unshaped)."""
+    if text.lower() in ("none", "unshaped"):
+        return None
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?bit", text.lower()):
+        raise argparse.ArgumentTypeError(f"expected a rate like 1gbit, 100mbit or none, got {text!r}")
+    return text.lower()
+
+
+def cmd_bench_e2e(args) -> int:
+    from hybrid.bench import e2e_bench
+    from hybrid.bench.emulated_hosts import EmulationUnavailable, LinkShape
+
+    shape = LinkShape(args.bandwidth, args.latency_ms)
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    table_out = sys.stderr if args.json else sys.stdout
+    try:
+        if args.ps:
+            rows = e2e_bench.run_ps(shape=shape, dims=args.dims, say=say)
+            from hybrid.bench import ps_bench
+
+            print(ps_bench.format_rows(rows), file=table_out)
+            if args.json:
+                print(json.dumps(rows))
+            return 0
+        result = e2e_bench.run(workloads=tuple(args.workloads.split(",")), modes=tuple(args.modes.split(",")),
+                               shape=shape, repeats=args.repeats, overrides=args.overrides, say=say)
+    except EmulationUnavailable as err:
+        print(f"hybrid bench e2e: cannot run here: {err}", file=sys.stderr)
+        return EXIT_FAILURE
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"e2e-{shape.label()}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    e2e_bench.plot(result, stem.with_suffix(".png"))
+    print(e2e_bench.format_table(result), file=table_out)
+    say(f"wrote {stem}.json and {stem}.png")
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
 def cmd_bench(args) -> int:
+    if args.name == "e2e":
+        return cmd_bench_e2e(args)
     if args.name == "train":
         from hybrid.bench import train_bench
 
@@ -245,7 +292,7 @@ def cmd_bench(args) -> int:
         return 0
     from hybrid.bench import ps_bench
 
-    results = ps_bench.run(dims=args.dims, rows_per_op=args.rows_per_op)
+    results = ps_bench.run(dims=args.dims, rows_per_op=args.rows_per_op, transports=tuple(args.transports.split(",")))
     if results is not None:
         print(ps_bench.format_rows(results))
         if args.json:
@@ -334,8 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("bench", help="benchmarks: scheduler, quality, ps (under mpirun -n 2), train")
-    p.add_argument("name", choices=["scheduler", "quality", "ps", "train"])
+    p = sub.add_parser("bench", help="benchmarks: scheduler, quality, ps (under mpirun -n 2), train, e2e (root)")
+    p.add_argument("name", choices=["scheduler", "quality", "ps", "train", "e2e"])
     p.add_argument("--workers", type=_int_list, default=(8, 16, 64, 128))
     p.add_argument("--threads", type=_int_list, default=(1, 2))
     p.add_argument("--batch-per-worker", type=_int_list, default=(128,))
@@ -345,14 +392,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=0.01, help="Criteo table scale of the synthetic data")
     p.add_argument("--dims", type=_int_list, default=(16, 128, 512), help="ps: row widths")
     p.add_argument("--rows-per-op", type=int, default=8192, help="ps: rows per batched operation")
+    p.add_argument("--transports", default="rma,packed", help="ps: store transports to time (default: %(default)s)")
     p.add_argument("--config", default="configs/w1-smoke.yaml", help="train: the workload (default: %(default)s)")
     p.add_argument("--sizes", default="smoke,full", help="train: the config's store and/or its full-cardinality "
                                                         "twin (default: %(default)s)")
     p.add_argument("--modes", default="vanilla,herald", help="train: modes to compare (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="train: runs per case, alternating (median reported)")
     p.add_argument("--full-rows", type=int, default=2_000_000, help="train: samples of the full-size store")
-    p.add_argument("--json", action="store_true", help="print the rows as one JSON list as the last line")
-    p.add_argument("overrides", nargs="*", help="train: config overrides key=value")
+    p.add_argument("--bandwidth", type=_bandwidth, default="1gbit",
+                   help="e2e: link rate as tc writes it, or none for unshaped (default: %(default)s)")
+    p.add_argument("--latency-ms", type=float, default=0.0, help="e2e: added one-way delay per link direction")
+    p.add_argument("--workloads", default="movielens-100k,w1-scale0.1", help="e2e: (default: %(default)s)")
+    p.add_argument("--ps", action="store_true", help="e2e: the store micro-benchmark across two emulated hosts")
+    p.add_argument("--out", default="results", help="e2e: where the JSON and PNG go (default: %(default)s)")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as JSON on stdout as the last line (e2e: the only line on stdout)")
+    p.add_argument("overrides", nargs="*", help="train, e2e: config overrides key=value")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("train", help="multi-rank training (run under mpirun: workers + PS ranks)")

@@ -85,12 +85,24 @@ def split_roles(n_workers: int, n_ps: int, world: MPI.Comm = MPI.COMM_WORLD) -> 
                         f"-n {n_workers + n_ps} or change cluster.workers")
     is_worker = world.rank < n_workers
     workers = world.Split(0 if is_worker else MPI.UNDEFINED, world.rank)
-    node = world.Split_type(MPI.COMM_TYPE_SHARED)
-    cores = set().union(*node.allgather(os.sched_getaffinity(0)))
-    node_ranks = node.size
-    node.Free()
-    return Roles(world=world, n_workers=n_workers, n_ps=n_ps, workers=workers, node_ranks=node_ranks,
-                 node_cores=len(cores))
+    machine = _machine_id()
+    everyone = world.allgather((machine, os.sched_getaffinity(0)))
+    mine = [cores for other, cores in everyone if other == machine]
+    return Roles(world=world, n_workers=n_workers, n_ps=n_ps, workers=workers, node_ranks=len(mine),
+                 node_cores=len(set().union(*mine)))
+
+
+def _machine_id() -> str:
+    """What identifies the machine whose cores this rank shares: the kernel's boot id.
+
+    Not MPI's shared-memory node: ranks in separate network namespaces (or
+    containers) of one machine are separate MPI nodes but share its cores.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return MPI.Get_processor_name()
 
 
 def check_agreement(world: MPI.Comm, **values: str) -> None:

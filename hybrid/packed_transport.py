@@ -29,7 +29,6 @@ from mpi4py import MPI
 from hybrid._ext import row_kernels
 
 PULL, ROWS, PUT, ADD, DONE = 1, 2, 3, 4, 5
-_IDLE_SPIN_SECONDS = 0.002  # keep probing this long after a message before sleeping between probes
 _IDLE_SLEEP_SECONDS = 0.00005
 
 
@@ -53,10 +52,15 @@ def request_write(channel: MPI.Comm, target: int, local_rows: np.ndarray, values
 
 
 class PsService:
-    """A PS rank's side: answers the workers' packed messages against ``shard``."""
+    """A PS rank's side: answers the workers' packed messages against ``shard``.
 
-    def __init__(self, channel: MPI.Comm, shard: np.ndarray):
-        self.channel, self.shard = channel, shard
+    After a message it keeps probing for ``spin_seconds`` (the next one
+    usually follows within the same phase), then sleeps between probes; with
+    more ranks than cores, ``spin_seconds=0`` leaves the cores to the workers.
+    """
+
+    def __init__(self, channel: MPI.Comm, shard: np.ndarray, spin_seconds: float = 0.002):
+        self.channel, self.shard, self.spin_seconds = channel, shard, spin_seconds
         self.row_bytes = shard.shape[1] * shard.itemsize
         self._replies: list = []  # (request, buffer) of replies in flight
 
@@ -70,13 +74,14 @@ class PsService:
                 self._answer(message, status)
                 idle_since = time.perf_counter()
                 continue
+            if self._replies:
+                # A large reply moves only while this rank calls into MPI: never sleep while one is in flight.
+                self._reap()
+                continue
             if done.Test():
                 break
-            if time.perf_counter() - idle_since > _IDLE_SPIN_SECONDS:
+            if time.perf_counter() - idle_since > self.spin_seconds:
                 time.sleep(_IDLE_SLEEP_SECONDS)  # ranks may share cores: do not take theirs while idle
-            self._reap()
-        MPI.Request.Waitall([r for r, _ in self._replies])
-        self._replies.clear()
 
     def _answer(self, message: MPI.Message, status: MPI.Status) -> None:
         source, tag, size = status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)

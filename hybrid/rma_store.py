@@ -109,11 +109,14 @@ class EmbeddingStore:
     Collective over ``comm`` (creation and :meth:`close`). ``init(shard,
     first_row)`` fills ``shard`` (the rows ``first_row ..`` of the table, in
     the window memory) in place; each PS rank calls it for its own shard.
+    ``transport``: ``auto``, ``rma`` or ``packed`` (see the module docstring);
+    ``spin_seconds``: how long a PS rank keeps probing after a packed message
+    before it sleeps between probes (0 when ranks share cores).
     """
 
     def __init__(self, comm: MPI.Comm, ps_ranks: Sequence[int], n_rows: int, dim: int, *,
                  dtype=np.float32, init: Optional[Callable[[np.ndarray, int], None]] = None,
-                 transport: str = "auto"):
+                 transport: str = "auto", spin_seconds: float = 0.002):
         self.comm, self.ps_ranks, self.dim = comm, list(ps_ranks), dim
         self.dtype = np.dtype(dtype)
         if self.dtype not in _MPI_TYPES:
@@ -127,7 +130,13 @@ class EmbeddingStore:
         self.basic = _MPI_TYPES[self.dtype]
         self.row_type = self.basic.Create_contiguous(dim).Commit()
         first, stop = self.ranges.bounds(self.ps_ranks.index(comm.rank)) if self.is_ps else (0, 0)
-        self.win = MPI.Win.Allocate((stop - first) * self.row_bytes, disp_unit=self.row_bytes, comm=comm)
+        try:
+            self.win = MPI.Win.Allocate((stop - first) * self.row_bytes, disp_unit=self.row_bytes, comm=comm)
+        except MPI.Exception as err:
+            raise RuntimeError(
+                f"cannot create the embedding window: MPI one-sided communication is unavailable with this "
+                f"MPI's transport ({err.Get_error_string()}). On a TCP cluster with OpenMPI launch with "
+                f"launch/mpirun.sh --tcp (UCX over TCP); see docs/design.md section 12") from err
         self.channel = comm.Dup() if self.transport == "packed" else None
         self.service = None
         if self.is_ps:
@@ -138,7 +147,7 @@ class EmbeddingStore:
             else:
                 shard.fill(0)
             if self.channel is not None:
-                self.service = packed_transport.PsService(self.channel, shard)
+                self.service = packed_transport.PsService(self.channel, shard, spin_seconds)
         idle_barrier(comm)  # shards initialized before anyone reads
         self._locked = self.transport == "rma" and not self.is_ps
         if self._locked:

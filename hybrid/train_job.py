@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from hybrid.comm import check_agreement, split_roles
+from hybrid.link_counters import difference, link_bytes
 from hybrid.config import Config
 from hybrid.data.store import BatchStore, StoreError
 from hybrid.trainer import STAGES, HybridTrainer
@@ -77,9 +78,11 @@ def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations:
             log_file.write(json.dumps(record) + "\n")
 
     try:
+        links = link_bytes()
         start = time.perf_counter()
         log = trainer.train(iterations, on_step=on_step)
         seconds = time.perf_counter() - start
+        links = difference(link_bytes(), links)
     finally:
         bar.close()
         if log_file is not None:
@@ -87,7 +90,7 @@ def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations:
     trainer.flush()
     evaluation = trainer.evaluate(test)
     trainer.table.barrier()  # PS ranks wait here for the whole run, serving packed transfers
-    ranks = trainer.roles.world.gather(_rank_report(trainer), root=0)
+    ranks = trainer.roles.world.gather({**_rank_report(trainer), "train_link_bytes": links}, root=0)
     return _summarize(config, trainer, log, seconds, evaluation, ranks) if not trainer.roles.is_ps else None
 
 
@@ -122,7 +125,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         "hit_rate": round(1 - counts.get("pull", 0) / needed, 6) if needed else 0.0,
         "train_loss": round(loss_sum / samples, 6) if samples else float("nan"),
         "events": counts, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},
-        "overlap": config.train.overlap,
+        "overlap": config.train.overlap, "transport": trainer.table.transport,
         "table_rows": trainer.table.ranges.n_rows, "ps_shard_mb": round(shard_rows * row_bytes / 2**20, 1),
         "ranks": ranks,
         "evaluation": evaluation,

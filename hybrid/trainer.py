@@ -165,7 +165,8 @@ class HybridTrainer:
         dim = config.model.embedding_dim
         self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, dim, dtype=self.dtype,
                                     init=lambda shard, first: fill_initial_rows(shard, config.seed, first),
-                                    transport=config.cluster.transport.value)
+                                    transport=config.cluster.transport.value,
+                                    spin_seconds=0.0 if roles.oversubscribed else 0.002)
         self.hvd = init_horovod(roles)
         self.last_loss = 0.0
         if roles.is_ps:

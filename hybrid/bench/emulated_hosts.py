@@ -137,8 +137,12 @@ class EmulatedHosts:
             return
         parent = ("root",)
         if self.shape.delay_ms:
-            _run(*prefix, "tc", "qdisc", "add", "dev", device, "root", "handle", "1:", "netem",
-                 "delay", f"{self.shape.delay_ms}ms", "limit", "100000")
+            try:
+                _run(*prefix, "tc", "qdisc", "add", "dev", device, "root", "handle", "1:", "netem",
+                     "delay", f"{self.shape.delay_ms}ms", "limit", "100000")
+            except EmulationUnavailable as err:
+                raise EmulationUnavailable(f"added latency needs tc's netem, which this kernel lacks "
+                                           f"(sch_netem); run without --latency-ms ({err})") from err
             parent = ("parent", "1:1")
         if self.shape.rate is not None:
             _run(*prefix, "tc", "qdisc", "add", "dev", device, *parent, "handle", "10:", "tbf",
@@ -175,15 +179,14 @@ class EmulatedHosts:
         self.hostfile, self.agent = hostfile, agent
 
     def mpirun_args(self) -> list[str]:
-        """mpirun options that put rank ``i`` on host ``i`` and route MPI over the emulated links.
+        """mpirun options that put rank ``i`` on host ``i`` and keep MPI on the emulated links.
 
-        The transport settings are those any TCP cluster needs with Debian's
-        OpenMPI (see ``launch/mpirun.sh --tcp``): UCX for point-to-point and
-        one-sided communication, restricted to TCP on ``eth0``.
+        The transport itself is what any TCP cluster needs: ``launch/mpirun.sh
+        --tcp`` (UCX over TCP), here on each namespace's ``eth0``.
         """
         return ["--hostfile", str(self.hostfile), "--mca", "plm_rsh_agent", str(self.agent),
                 "--mca", "oob_tcp_if_include", self.subnet, "--mca", "btl_tcp_if_include", self.subnet,
-                *tcp_transport_args("eth0")]
+                "-x", "UCX_NET_DEVICES=eth0"]
 
     # ------------------------------------------------------------- counters
     def counters(self) -> list[dict]:
@@ -195,22 +198,6 @@ class EmulatedHosts:
             result.append({"sent": int((stats / "rx_bytes").read_text()),
                            "received": int((stats / "tx_bytes").read_text())})
         return result
-
-
-def tcp_transport_args(device: Optional[str] = None) -> list[str]:
-    """OpenMPI options for one-sided and two-sided MPI over TCP through UCX.
-
-    Debian's ``openmpi-mca-params.conf`` disables ``pml ucx`` and ``osc
-    ucx``; ``osc rdma`` over ``btl tcp`` cannot create a window (no get, no
-    atomics) and ``osc pt2pt`` refuses ``MPI_THREAD_MULTIPLE``. UCX accepts
-    only verbs/mlx devices unless told ``any``.
-    """
-    args = ["--mca", "btl", "tcp,self", "--mca", "pml", "ucx", "--mca", "osc", "ucx",
-            "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
-            "--mca", "osc_ucx_tls", "any", "--mca", "osc_ucx_devices", "any", "-x", "UCX_TLS=tcp,self"]
-    if device:
-        args += ["-x", f"UCX_NET_DEVICES={device}"]
-    return args
 
 
 def _raise_interrupt(signum, frame):

@@ -14,6 +14,9 @@ def test_roles_put_the_ps_ranks_last():
     if not roles.is_ps:
         assert roles.workers.size == world.size - 1 and roles.worker == roles.workers.rank
     assert world.allreduce(int(roles.is_ps)) == 1
+    # one machine: every rank counts all ranks and the cores they may use, as one host
+    assert roles.node_ranks == world.size
+    assert roles.oversubscribed == (world.size > roles.node_cores)
     roles.free()
 
 

@@ -1,0 +1,26 @@
+"""``launch/mpirun.sh``: prints what it runs; ``--tcp`` adds the transport a TCP cluster needs."""
+import subprocess
+from pathlib import Path
+
+LAUNCHER = Path(__file__).resolve().parents[2] / "launch" / "mpirun.sh"
+
+
+def _printed_command(*args: str) -> str:
+    result = subprocess.run(["bash", str(LAUNCHER), *args, "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "Open MPI" in result.stdout
+    return next(line for line in result.stderr.splitlines() if line.startswith("+ mpirun"))
+
+
+def test_plain_launch_prints_the_command_without_transport_settings():
+    command = _printed_command()
+    assert "--allow-run-as-root --oversubscribe --bind-to none" in command
+    assert "osc" not in command
+
+
+def test_tcp_selects_ucx_eager_sends_and_the_ring_allreduce_on_the_interface():
+    command = _printed_command("--tcp=eth7")
+    for setting in ("--mca pml ucx", "--mca osc ucx", "--mca osc_ucx_tls any", "-x UCX_TLS=tcp,self",
+                    "-x UCX_RNDV_THRESH=inf", "--mca coll_tuned_allreduce_algorithm 4",
+                    "-x UCX_NET_DEVICES=eth7", "--mca btl_tcp_if_include eth7"):
+        assert setting in command
