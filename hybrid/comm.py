@@ -33,7 +33,7 @@ class Roles:
     n_workers: int
     n_ps: int
     workers: MPI.Comm  # MPI.COMM_NULL on PS ranks
-    node_ranks: int = 1  # ranks on this rank's host
+    node_ranks: int = 1  # ranks on this rank's machine (network namespaces of one machine included)
     node_cores: int = 1  # cores those ranks may run on, together
 
     @property

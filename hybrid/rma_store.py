@@ -83,7 +83,7 @@ class RowRanges:
 
 @dataclass
 class Handle:
-    """Outstanding RMA operations; ``wait()`` completes them."""
+    """Outstanding store operations (one-sided or packed); ``wait()`` completes them."""
 
     store: "EmbeddingStore"
     targets: list = field(default_factory=list)  # PS ranks to flush (rma)
@@ -111,7 +111,10 @@ class EmbeddingStore:
     the window memory) in place; each PS rank calls it for its own shard.
     ``transport``: ``auto``, ``rma`` or ``packed`` (see the module docstring);
     ``spin_seconds``: how long a PS rank keeps probing after a packed message
-    before it sleeps between probes (0 when ranks share cores).
+    before it sleeps between probes (0 when ranks share cores). With the
+    packed transport PS ranks answer only inside :meth:`barrier` (and
+    :meth:`close`): while workers use the store, that is the only collective
+    the PS ranks may be in.
     """
 
     def __init__(self, comm: MPI.Comm, ps_ranks: Sequence[int], n_rows: int, dim: int, *,

@@ -21,9 +21,9 @@ import numpy as np
 from tqdm import tqdm
 
 from hybrid.comm import check_agreement, split_roles
-from hybrid.link_counters import difference, link_bytes
 from hybrid.config import Config
 from hybrid.data.store import BatchStore, StoreError
+from hybrid.link_counters import difference, link_bytes
 from hybrid.trainer import STAGES, HybridTrainer
 
 

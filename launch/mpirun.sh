@@ -6,28 +6,19 @@
 # Usage: launch/mpirun.sh [--tcp[=IFACE]] -n 4 python -m hybrid train CONFIG
 #
 # --tcp: ranks on different hosts that talk over TCP (Ethernet clusters,
-# OpenMPI). Debian's OpenMPI disables UCX in openmpi-mca-params.conf, and its
-# other one-sided components cannot serve this job over TCP (osc rdma over btl
-# tcp cannot create a window, osc pt2pt refuses MPI_THREAD_MULTIPLE), so this
-# selects UCX for point-to-point and one-sided MPI over TCP, eager sends (a
-# message leaves at once instead of waiting for the receiver to call into
-# MPI), and the ring allreduce so every worker's link carries the same bytes.
-# IFACE (e.g. eth0) restricts MPI to that interface. See docs/design.md
-# section 12.
+# OpenMPI): the settings of launch/tcp_transport.sh, forwarded to every rank.
 set -euo pipefail
-tcp=()
+forward=()
 case "${1:-}" in
     --tcp|--tcp=*)
-        tcp=(--mca btl tcp,self --mca pml ucx --mca osc ucx
-             --mca pml_ucx_tls any --mca pml_ucx_devices any --mca osc_ucx_tls any --mca osc_ucx_devices any
-             -x UCX_TLS=tcp,self -x UCX_RNDV_THRESH=inf
-             --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4)
-        if [[ "$1" == --tcp=* ]]; then
-            iface=${1#--tcp=}
-            tcp+=(-x "UCX_NET_DEVICES=$iface" --mca btl_tcp_if_include "$iface" --mca oob_tcp_if_include "$iface")
-        fi
+        iface=""
+        [[ "$1" == --tcp=* ]] && iface=${1#--tcp=}
+        source "$(dirname "$0")/tcp_transport.sh" "$iface"
+        forward=(-x UCX_TLS -x UCX_RNDV_THRESH)  # OpenMPI forwards OMPI_MCA_* itself
+        [ -n "$iface" ] && forward+=(-x UCX_NET_DEVICES)
+        echo "+ $(env | grep -E '^(OMPI_MCA|UCX)_' | sort | tr '\n' ' ')" >&2
         shift ;;
 esac
-command=(mpirun --allow-run-as-root --oversubscribe --bind-to none "${tcp[@]}" "$@")
+command=(mpirun --allow-run-as-root --oversubscribe --bind-to none "${forward[@]}" "$@")
 echo "+ ${command[*]}" >&2
 exec timeout --signal=TERM --kill-after=30 "${HYBRID_MPI_TIMEOUT:-1800}" "${command[@]}"

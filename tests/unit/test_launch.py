@@ -6,10 +6,11 @@ LAUNCHER = Path(__file__).resolve().parents[2] / "launch" / "mpirun.sh"
 
 
 def _printed_command(*args: str) -> str:
+    """What the launcher printed before it ran ``mpirun --version``: settings and command."""
     result = subprocess.run(["bash", str(LAUNCHER), *args, "--version"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "Open MPI" in result.stdout
-    return next(line for line in result.stderr.splitlines() if line.startswith("+ mpirun"))
+    return " ".join(line for line in result.stderr.splitlines() if line.startswith("+ "))
 
 
 def test_plain_launch_prints_the_command_without_transport_settings():
@@ -19,8 +20,8 @@ def test_plain_launch_prints_the_command_without_transport_settings():
 
 
 def test_tcp_selects_ucx_eager_sends_and_the_ring_allreduce_on_the_interface():
-    command = _printed_command("--tcp=eth7")
-    for setting in ("--mca pml ucx", "--mca osc ucx", "--mca osc_ucx_tls any", "-x UCX_TLS=tcp,self",
-                    "-x UCX_RNDV_THRESH=inf", "--mca coll_tuned_allreduce_algorithm 4",
-                    "-x UCX_NET_DEVICES=eth7", "--mca btl_tcp_if_include eth7"):
+    command = _printed_command("--tcp=lo")
+    for setting in ("OMPI_MCA_pml=ucx", "OMPI_MCA_osc=ucx", "OMPI_MCA_osc_ucx_tls=any", "UCX_TLS=tcp,self",
+                    "UCX_RNDV_THRESH=inf", "OMPI_MCA_coll_tuned_allreduce_algorithm=4",
+                    "UCX_NET_DEVICES=lo", "OMPI_MCA_btl_tcp_if_include=lo", "-x UCX_TLS -x UCX_RNDV_THRESH"):
         assert setting in command
