@@ -239,6 +239,10 @@ def cmd_bench_e2e(args) -> int:
     except EmulationUnavailable as err:
         print(f"hybrid bench e2e: cannot run here: {err}", file=sys.stderr)
         return EXIT_FAILURE
+    except KeyboardInterrupt as err:
+        print(f"hybrid bench e2e: interrupted ({err or 'Ctrl-C'}); the runs were stopped and the emulated "
+              f"hosts removed", file=sys.stderr)
+        return 130
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"e2e-{shape.label()}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -37,7 +37,7 @@ def request_pull(channel: MPI.Comm, target: int, local_rows: np.ndarray,
     """Start reading ``local_rows`` of ``target``'s shard into ``staging``; returns the requests and the id buffer."""
     ids = np.ascontiguousarray(local_rows, dtype=np.int64)
     reply = channel.Irecv(staging, source=target, tag=ROWS)
-    return [reply, channel.Isend(ids, dest=target, tag=PULL)], ids
+    return [reply, channel.Isend([ids, MPI.BYTE], dest=target, tag=PULL)], ids  # the PS receives bytes
 
 
 def request_write(channel: MPI.Comm, target: int, local_rows: np.ndarray, values: np.ndarray,
