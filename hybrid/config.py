@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -217,11 +218,25 @@ def _check(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+def _non_finite(value, key: str = "") -> Optional[str]:
+    """The first float key (dotted) of a config dataclass whose value is inf or nan, or None."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            found = _non_finite(getattr(value, f.name), f"{key}{f.name}.")
+            if found:
+                return found
+    elif isinstance(value, float) and not math.isfinite(value):
+        return key.rstrip(".")
+    return None
+
+
 def validate(config: Config) -> None:
     """Range and cross-field checks that types alone cannot express."""
     from hybrid.data.synthetic import PROFILES
 
     c = config
+    bad = _non_finite(c)
+    _check(bad is None, str(bad), "must be a finite number, got inf or nan")
     _check(c.cluster.workers >= 1, "cluster.workers", f"must be >= 1, got {c.cluster.workers}")
     _check(c.cluster.ps >= 1, "cluster.ps", f"must be >= 1, got {c.cluster.ps}")
     _check(c.train.batch_per_worker >= 1, "train.batch_per_worker", f"must be >= 1, got {c.train.batch_per_worker}")

@@ -32,6 +32,7 @@ def _open_stores(config: Config) -> tuple[Optional[BatchStore], Optional[BatchSt
     try:
         train = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
         test = BatchStore(config.data.path, split="test", test_fraction=config.data.test_fraction)
+        train.check_ids()  # both splits: the whole sparse.npy
         return train, test, train.fingerprint
     except StoreError as err:
         return None, None, f"unreadable ({err})"
@@ -49,6 +50,10 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
         check_agreement(world, config=config.digest(), data=fingerprint)
         if train is None:
             raise StoreError(f"{config.data.path}: {fingerprint}; every rank failed to read it")
+        if train.num_batches(config.global_batch) == 0:
+            raise ValueError(f"{config.data.path}: the train split has {train.n_samples} samples, fewer than one "
+                             f"global batch of {config.global_batch} (cluster.workers x train.batch_per_worker); "
+                             f"use a larger store or a smaller batch")
         iterations = config.train.iterations or train.num_batches(config.global_batch)
         if iterations > train.num_batches(config.global_batch):
             raise ValueError(f"train.iterations={iterations} exceeds the {train.num_batches(config.global_batch)} "

@@ -156,6 +156,44 @@ class StoreWriter:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
 
+def _read_meta(path: Path) -> dict:
+    """``meta.json``, checked: readable, this format, the keys it needs, and unchanged since it was written."""
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise StoreError(f"{path}: not readable JSON ({err}); rebuild the store") from err
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        found = meta.get("format_version") if isinstance(meta, dict) else None
+        raise StoreError(f"{path}: store format {found}, this version reads {FORMAT_VERSION}; rebuild the store")
+    try:
+        intact = _fingerprint(meta) == meta["fingerprint"]
+    except (KeyError, TypeError) as err:
+        raise StoreError(f"{path}: missing or malformed key {err}; rebuild the store") from err
+    if not intact:
+        raise StoreError(f"{path} was changed after the store was written (its fingerprint does not match its "
+                         f"contents); restore it or rebuild the store")
+    return meta
+
+
+def _expected_arrays(meta: dict) -> dict:
+    n, tables = meta["n_samples"], len(meta["table_names"])
+    return {"sparse": ((n, tables), np.int32), "dense": ((n, meta["n_dense"]), np.float32),
+            "labels": ((n,), np.float32)}
+
+
+def _open_array(path: Path, shape: tuple, dtype) -> np.ndarray:
+    """Memory-map ``path``, refusing a missing, truncated or mis-shaped file by name."""
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise StoreError(f"{path}: cannot be read ({err}); the file is missing or truncated: rebuild the store") \
+            from err
+    if array.shape != shape or array.dtype != np.dtype(dtype):
+        raise StoreError(f"{path}: {array.dtype} {list(array.shape)}, but meta.json says {np.dtype(dtype)} "
+                         f"{list(shape)}; rebuild the store")
+    return array
+
+
 def _fingerprint(meta: dict) -> str:
     keys = ("format_version", "n_samples", "n_dense", "table_names", "cardinalities", "checksums")
     text = json.dumps({k: meta[k] for k in keys}, sort_keys=True)
@@ -178,15 +216,11 @@ class BatchStore:
         if not meta_path.is_file():
             raise StoreError(f"{self.path} is not a store (no meta.json); create one with "
                              "'hybrid synth' or 'hybrid preprocess'")
-        self.meta = json.loads(meta_path.read_text())
-        if self.meta.get("format_version") != FORMAT_VERSION:
-            raise StoreError(f"{self.path}: store format {self.meta.get('format_version')}, "
-                             f"this version reads {FORMAT_VERSION}; rebuild the store")
-        arrays = {name: np.load(self.path / f"{name}.npy", mmap_mode="r") for name in _ARRAYS}
+        self.meta = _read_meta(meta_path)
+        arrays = {name: _open_array(self.path / f"{name}.npy", shape, dtype)
+                  for name, (shape, dtype) in _expected_arrays(self.meta).items()}
         self._sparse, self._dense, self._labels = arrays["sparse"], arrays["dense"], arrays["labels"]
         n = self.meta["n_samples"]
-        if self._sparse.shape != (n, len(self.meta["table_names"])) or len(self._labels) != n:
-            raise StoreError(f"{self.path}: arrays do not match meta.json (n_samples={n})")
         if split not in ("all", "train", "test"):
             raise ValueError(f"split must be 'all', 'train' or 'test', got {split!r}")
         if not 0.0 <= test_fraction < 1.0:
@@ -266,6 +300,26 @@ class BatchStore:
             labels=np.array(self._labels[take]),
             sample_ids=np.asarray(sample_ids, dtype=np.int64),
         )
+
+    def check_ids(self, chunk_rows: int = 1 << 20) -> None:
+        """Raise unless every id of every table is in ``[0, cardinality)`` (reads ``sparse.npy`` once).
+
+        Training calls it before any rank uses the data: an id past its table
+        would make the scheduler's kernels (compiled without bounds checks)
+        read out of bounds, or silently train the next table's rows.
+        """
+        cardinalities = self.cardinalities
+        for begin in range(0, len(self._sparse), chunk_rows):
+            chunk = np.asarray(self._sparse[begin:begin + chunk_rows])
+            if (chunk.min(axis=0) >= 0).all() and (chunk.max(axis=0) < cardinalities).all():
+                continue
+            bad = (chunk < 0) | (chunk >= cardinalities)
+            if bad.any():
+                sample, table = np.argwhere(bad)[0]
+                raise StoreError(
+                    f"{self.path / 'sparse.npy'}: sample {begin + sample} has id {chunk[sample, table]} in table "
+                    f"{self.table_names[table]}, outside [0, {cardinalities[table]}) of meta.json; the store is "
+                    f"corrupt or meta.json does not belong to it: rebuild it with 'hybrid preprocess' or 'hybrid synth'")
 
     def verify(self) -> None:
         """Recompute the checksums; raise if the arrays changed since writing."""

@@ -1,4 +1,6 @@
 """The training runtime across ranks: identical plans, counts equal to the simulator, start-up checks."""
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -8,7 +10,7 @@ from mpi4py import MPI
 from hybrid import train_job
 from hybrid.comm import AgreementError, split_roles
 from hybrid.config import Mode, load_config
-from hybrid.data.store import BatchStore
+from hybrid.data.store import BatchStore, StoreError, _fingerprint
 from hybrid.simulator import simulate_mode
 from hybrid.trainer import HybridTrainer
 from shared_store import shared_store
@@ -108,3 +110,38 @@ def test_the_cache_verification_passes_and_catches_a_corrupted_row(store_path, m
     roles.free()
     if world.rank == 0:
         assert error is not None and "differ from the PS" in error
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("damage", ["ids", "meta", "truncated"])
+def test_a_damaged_store_is_refused_at_load_on_every_rank_naming_the_file(store_path, tmp_path_factory, damage):
+    """Ids past their table (meta.json rewritten consistently), an edited meta.json, a truncated array."""
+    world = MPI.COMM_WORLD
+    copy = Path(world.bcast(str(tmp_path_factory.mktemp("damaged")) if world.rank == 0 else None)) / "store"
+    if world.rank == 0:
+        shutil.copytree(store_path, copy)
+        meta = json.loads((copy / "meta.json").read_text())
+        if damage == "truncated":
+            sparse = copy / "sparse.npy"
+            sparse.write_bytes(sparse.read_bytes()[:-100])
+        else:
+            meta["cardinalities"][-1] = 1  # the last table's ids are larger
+            if damage == "ids":
+                meta["fingerprint"] = _fingerprint(meta)
+            (copy / "meta.json").write_text(json.dumps(meta))
+    world.Barrier()
+    expected = {"ids": "sparse.npy: sample", "meta": "meta.json was changed", "truncated": "sparse.npy: cannot be read"}
+    with pytest.raises(StoreError) as info:
+        train_job.run(_config(copy, "train.iterations=5"), progress=False)
+    assert expected[damage] in str(info.value)
+    assert len(set(world.allgather(str(info.value)))) == 1  # every rank refused it, the same way
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(120)
+def test_a_train_split_smaller_than_one_global_batch_is_an_error(store_path):
+    world = MPI.COMM_WORLD
+    with pytest.raises(ValueError, match="fewer than one global batch") as info:
+        train_job.run(_config(store_path, "train.batch_per_worker=100000"), progress=False)
+    assert len(set(world.allgather(str(info.value)))) == 1

@@ -59,6 +59,9 @@ def test_digest_depends_on_values():
     ("data.synthetic.like=imagenet", ["data.synthetic.like", "criteo-kaggle"]),
     ("model.bottom_mlp=[4,0]", ["model.bottom_mlp"]),
     ("train.batch_per_worker", ["key=value"]),
+    ("train.embedding_lr=inf", ["train.embedding_lr", "finite"]),
+    ("train.dense_lr=nan", ["train.dense_lr", "finite"]),
+    ("cluster.transport=shmem", ["cluster.transport", "packed"]),
 ])
 def test_bad_values_name_the_key(override, names):
     smoke = next(p for p in CONFIGS if p.stem == "w1-smoke")

@@ -120,3 +120,48 @@ def test_table_offsets_lay_tables_back_to_back(tmp_path):
         writer.append(np.zeros((1, 3), np.int32), np.zeros((1, 0), np.float32), np.zeros(1, np.float32))
         writer.commit([4, 6, 1])
     assert list(BatchStore(tmp_path / "s").table_offsets) == [0, 4, 10]
+
+
+def test_a_changed_meta_json_is_refused_naming_it(tmp_path):
+    _write(tmp_path / "s")
+    path = tmp_path / "s" / "meta.json"
+    meta = json.loads(path.read_text())
+    meta["cardinalities"][-1] = 5  # smaller than its ids: would read past the table
+    path.write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match=r"meta.json was changed after the store was written"):
+        BatchStore(tmp_path / "s")
+    path.write_text("{not json")
+    with pytest.raises(StoreError, match=r"meta.json: not readable JSON"):
+        BatchStore(tmp_path / "s")
+
+
+@pytest.mark.parametrize("name", ["sparse", "dense", "labels"])
+def test_a_truncated_array_is_refused_naming_the_file(tmp_path, name):
+    _write(tmp_path / "s")
+    path = tmp_path / "s" / f"{name}.npy"
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(StoreError, match=rf"{name}.npy: cannot be read .* missing or truncated"):
+        BatchStore(tmp_path / "s")
+
+
+def test_an_array_of_another_shape_is_refused_naming_the_file(tmp_path):
+    _write(tmp_path / "s")
+    np.save(tmp_path / "s" / "dense.npy", np.zeros((100, 3), np.float32))
+    with pytest.raises(StoreError, match=r"dense.npy: float32 \[100, 3\], but meta.json says float32 \[100, 2\]"):
+        BatchStore(tmp_path / "s")
+
+
+def test_ids_past_their_table_are_found_before_training(tmp_path):
+    """A store whose meta.json was rewritten consistently (fingerprint included) but whose ids do not fit."""
+    from hybrid.data.store import _fingerprint
+
+    _write(tmp_path / "s")
+    BatchStore(tmp_path / "s").check_ids()
+    path = tmp_path / "s" / "meta.json"
+    meta = json.loads(path.read_text())
+    meta["cardinalities"] = [10, 4]
+    meta["fingerprint"] = _fingerprint(meta)
+    path.write_text(json.dumps(meta))
+    store = BatchStore(tmp_path / "s")
+    with pytest.raises(StoreError, match=r"sparse.npy: sample \d+ has id \d in table b, outside \[0, 4\)"):
+        store.check_ids(chunk_rows=7)
