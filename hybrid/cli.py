@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -308,12 +309,35 @@ def cmd_train(args) -> int:
     config = load_config(args.config, args.overrides)
     from hybrid import train_job
 
-    summary = train_job.run(config, log_path=args.log_jsonl, summary_path=args.summary_json,
-                            progress=not args.no_progress)
+    try:
+        summary = train_job.run(config, log_path=args.log_jsonl, summary_path=args.summary_json,
+                                progress=not args.no_progress)
+    except (Exception, KeyboardInterrupt) as err:
+        _end_the_job(err)
+        raise
     if summary is not None:
         print(train_job.format_summary(summary), flush=True)
         print(train_job.format_breakdown(summary), flush=True)
     return 0
+
+
+def _end_the_job(err: BaseException) -> None:
+    """Print ``err`` naming this rank, then abort every rank (docs/design.md section 2).
+
+    An error raised on some ranks only would leave the others waiting in a
+    collective forever, so no collective runs on this path: the message goes
+    out first, then ``MPI_Abort`` ends the whole job with a non-zero exit.
+    """
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        return
+    detail = "" if isinstance(err, (ConfigError, StoreError, ValueError, RuntimeError)) else \
+        "".join(traceback.format_exception(err))
+    print(f"{detail}hybrid train: error on rank {world.rank} of {world.size} ({MPI.Get_processor_name()}): "
+          f"{type(err).__name__}: {err}; ending every rank", file=sys.stderr, flush=True)
+    world.Abort(EXIT_FAILURE)
 
 
 def cmd_compare(args) -> int:

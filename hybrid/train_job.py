@@ -40,31 +40,35 @@ def _open_stores(config: Config) -> tuple[Optional[BatchStore], Optional[BatchSt
 
 def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optional[str] = None,
         progress: bool = True) -> Optional[dict]:
-    """Train as configured; returns the summary on worker 0 and None on other ranks."""
+    """Train as configured; returns the summary on worker 0 and None on other ranks.
+
+    Errors found before training (config or data disagreement, a bad store)
+    are raised on every rank alike. Later ones may be raised on some ranks
+    only, with the others left in a collective: the caller must then end the
+    job, as ``hybrid train`` does (print, then ``MPI_Abort``).
+    """
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     roles = split_roles(config.cluster.workers, config.cluster.ps, world)
-    try:
-        train, test, fingerprint = _open_stores(config)
-        check_agreement(world, config=config.digest(), data=fingerprint)
-        if train is None:
-            raise StoreError(f"{config.data.path}: {fingerprint}; every rank failed to read it")
-        if train.num_batches(config.global_batch) == 0:
-            raise ValueError(f"{config.data.path}: the train split has {train.n_samples} samples, fewer than one "
-                             f"global batch of {config.global_batch} (cluster.workers x train.batch_per_worker); "
-                             f"use a larger store or a smaller batch")
-        iterations = config.train.iterations or train.num_batches(config.global_batch)
-        if iterations > train.num_batches(config.global_batch):
-            raise ValueError(f"train.iterations={iterations} exceeds the {train.num_batches(config.global_batch)} "
-                             f"global batches of {config.global_batch} in {config.data.path}")
-        trainer = HybridTrainer(config, roles, train)
-        try:
-            summary = _train(config, trainer, test, iterations, log_path, progress)
-        finally:
-            trainer.close()
-    finally:
-        roles.free()
+    train, test, fingerprint = _open_stores(config)
+    check_agreement(world, config=config.digest(), data=fingerprint)
+    if train is None:
+        raise StoreError(f"{config.data.path}: {fingerprint}; every rank failed to read it")
+    if train.num_batches(config.global_batch) == 0:
+        raise ValueError(f"{config.data.path}: the train split has {train.n_samples} samples, fewer than one "
+                         f"global batch of {config.global_batch} (cluster.workers x train.batch_per_worker); "
+                         f"use a larger store or a smaller batch")
+    iterations = config.train.iterations or train.num_batches(config.global_batch)
+    if iterations > train.num_batches(config.global_batch):
+        raise ValueError(f"train.iterations={iterations} exceeds the {train.num_batches(config.global_batch)} "
+                         f"global batches of {config.global_batch} in {config.data.path}")
+    # From here an error may be raised on some ranks only: it propagates without any collective
+    # cleanup (which would wait for ranks that never come), and `hybrid train` aborts the job.
+    trainer = HybridTrainer(config, roles, train)
+    summary = _train(config, trainer, test, iterations, log_path, progress)
+    trainer.close()
+    roles.free()
     if summary is not None and summary_path:
         Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
     return summary

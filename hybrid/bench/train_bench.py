@@ -96,8 +96,9 @@ def run_case(config_path: str, case: Case, iterations: int, ranks: int, override
                    f"train.iterations={iterations}", *overrides, "--no-progress", "--summary-json", str(summary_path)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0 or not summary_path.is_file():
-            tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
-            raise RuntimeError(f"training failed ({' '.join(command)}):\n{tail}")
+            tail = "\n".join((result.stdout.splitlines() + result.stderr.splitlines())[-30:])
+            raise RuntimeError(f"training failed with exit {result.returncode}, summary "
+                               f"{'written' if summary_path.is_file() else 'missing'} ({' '.join(command)}):\n{tail}")
         return json.loads(summary_path.read_text())
 
 

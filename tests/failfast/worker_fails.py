@@ -1,0 +1,34 @@
+"""Run under mpirun by tests/unit/test_mpi_failfast.py: a real ``hybrid train`` in which worker 1 alone fails.
+
+``python worker_fails.py startup|mid-run HYBRID-TRAIN-ARGS...``: worker 1 raises
+while its trainer starts (after the PS windows exist, before Horovod's
+broadcast) or at iteration 5. The message carries the time it was raised, so
+the test can tell how long the job took to end after it.
+"""
+import sys
+import time
+
+from hybrid import cli, trainer
+
+WHEN = sys.argv[1]
+
+
+def _fail(what: str):
+    raise RuntimeError(f"deliberate failure on worker 1 {what} at t={time.time():.3f}")
+
+
+def _device(self, wanted):
+    if self.roles.worker == 1 and WHEN == "startup":
+        _fail("at start-up")
+    return original_device(self, wanted)
+
+
+def _iteration(self, ready, *args, **kwargs):
+    if self.roles.worker == 1 and WHEN == "mid-run" and ready.plan.step == 5:
+        _fail("at iteration 5")
+    return original_iteration(self, ready, *args, **kwargs)
+
+
+original_device, original_iteration = trainer.HybridTrainer._device, trainer.HybridTrainer._iteration
+trainer.HybridTrainer._device, trainer.HybridTrainer._iteration = _device, _iteration
+sys.exit(cli.main(sys.argv[2:]))
