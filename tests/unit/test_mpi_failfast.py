@@ -43,3 +43,52 @@ def test_an_error_on_one_worker_ends_the_whole_training_job_within_10_seconds(tm
     assert "error on rank 1 of 4" in output and "deliberate failure on worker 1" in output, output
     raised = float(re.search(r"at t=([0-9.]+)", output).group(1))
     assert ended - raised < 10, f"the job ended {ended - raised:.1f} s after the error:\n{output}"
+
+
+def _rank_pids(parent: int) -> dict:
+    """World rank -> pid of the MPI processes mpirun (``parent``) forked on this host."""
+    pids = {}
+    for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+        try:
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in environ:
+            if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                pids[int(item.split(b"=", 1)[1])] = int(child)
+    return pids
+
+
+@pytest.mark.parametrize("victim", [1, 3], ids=["worker", "ps"])
+def test_a_rank_killed_mid_run_ends_the_job_within_30_seconds_naming_it(tmp_path, victim):
+    """kill -9 of a worker or of the PS rank while training: a non-zero exit, the rank named, no hang."""
+    import signal
+
+    from hybrid.data.synthetic import synthesize
+
+    synthesize(tmp_path / "store", like="criteo-kaggle", rows=40000, scale=0.001, seed=1)
+    log = tmp_path / "log.jsonl"
+    # plain mpirun, not launch/mpirun.sh: the ranks must be children of the process we start
+    command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "4",
+               sys.executable, "-m", "hybrid", "train", "configs/w1-smoke.yaml", f"data.path={tmp_path / 'store'}",
+               "train.batch_per_worker=16", "--no-progress", "--log-jsonl", str(log)]
+    # env: Python's copy, without what an MPI singleton of this process (another test) set at C level
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 120
+        while not (log.is_file() and len(log.read_text().splitlines()) >= 5):  # training is under way
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise AssertionError(f"training did not start:\n{process.communicate()[0]}")
+            time.sleep(0.2)
+        pid = _rank_pids(process.pid)[victim]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        output, _ = process.communicate(timeout=60)
+        assert time.monotonic() - killed < 30
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode != 0, output
+    assert f"process rank {victim} with PID" in output and "signal 9" in output, output  # and the node
