@@ -130,6 +130,7 @@ class TrainConfig:
     overlap: bool = True  # read the next iteration's prefetchable rows and finish writes behind other work
     threads: int = 0  # torch compute threads per worker (0 = this host's cores / its ranks, at least 1)
     device: str = "auto"  # auto (CUDA when present and Horovod has NCCL), cpu, cuda
+    watchdog_seconds: float = 600.0  # a worker with no finished iteration for this long reports and ends the job
 
 
 @dataclass
@@ -243,6 +244,8 @@ def validate(config: Config) -> None:
     _check(c.train.iterations >= 0, "train.iterations", f"must be >= 0 (0 = one pass), got {c.train.iterations}")
     _check(c.train.embedding_lr > 0, "train.embedding_lr", f"must be > 0, got {c.train.embedding_lr}")
     _check(c.train.dense_lr > 0, "train.dense_lr", f"must be > 0, got {c.train.dense_lr}")
+    _check(c.train.watchdog_seconds >= 0, "train.watchdog_seconds",
+           f"must be >= 0 (0 = off), got {c.train.watchdog_seconds}")
     _check(c.train.threads >= 0, "train.threads", f"must be >= 0 (0 = cores / ranks per host), got {c.train.threads}")
     _check(c.train.eval_every >= 0, "train.eval_every", f"must be >= 0 (0 = only at the end), got {c.train.eval_every}")
     _check(c.train.device in ("auto", "cpu", "cuda"), "train.device",

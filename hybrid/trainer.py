@@ -60,6 +60,7 @@ from hybrid.embedding_init import fill_initial_rows
 from hybrid.models import build_model, dense_optimizer
 from hybrid.rma_store import EmbeddingStore, Handle
 from hybrid.scheduler import BatchPlan, Scheduler, WorkerPlan
+from hybrid.watchdog import Watchdog
 
 STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barrier")
 
@@ -127,10 +128,12 @@ class Stages:
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        self.current = "starting"  # the stage running now (the watchdog's report)
 
     @contextlib.contextmanager
     def __call__(self, name: str):
         start = time.perf_counter()
+        self.current = name
         with torch.profiler.record_function(name):
             yield
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
@@ -205,7 +208,9 @@ class HybridTrainer:
         overlap that includes the next iteration's prefetched rows), how many
         of this iteration's rows were read during the previous one
         (``prefetched``), the plan digest, seconds per stage and this worker's
-        summed sample losses.
+        summed sample losses. A worker that finishes no iteration for
+        ``train.watchdog_seconds`` prints its stage and stacks and ends the
+        job (``hybrid.watchdog``).
         """
         if self.roles.is_ps:
             return []
@@ -213,28 +218,37 @@ class HybridTrainer:
                                     seed=self.config.data.shuffle_seed)
         producer = PlanProducer(self.scheduler, itertools.islice(batches, iterations))
         log = []
+        self.stages = Stages()
+        where = lambda: f"in stage {self.stages.current} of iteration {len(log)}"  # noqa: E731
         try:
-            plans = iter(producer)
-            stages = Stages()
-            with stages("schedule_wait"):
-                first = next(plans, None)
-                upcoming = next(plans, None) if first is not None else None
-            ready = self._ready(*first, None, stages) if first is not None else None
-            while ready is not None:
-                before = dict(self.table.rows_moved)
-                following, upcoming = self._iteration(ready, upcoming, plans, stages)
-                moved = {k: self.table.rows_moved[k] - before[k] for k in before}
-                prefetched = len(ready.plan.work.prefetch) if ready.prefetched is not None else 0
-                record = {"step": ready.plan.step, "counts": ready.plan.counts, "moved": moved,
-                          "prefetched": prefetched, "digest": ready.plan.digest, "timing": stages.seconds,
-                          "samples": len(ready.batch), "loss_sum": self.last_loss}
-                log.append(record)
-                if on_step is not None:
-                    on_step(record)
-                ready, stages = following, Stages()
+            with Watchdog(self.config.train.watchdog_seconds, where) as watchdog:
+                self._loop(producer, log, on_step, watchdog)
         finally:
             producer.close()
         return log
+
+    def _loop(self, producer: PlanProducer, log: list, on_step, watchdog: Watchdog) -> None:
+        """The iterations, each prepared by the one before (see the module docstring)."""
+        plans = iter(producer)
+        stages = self.stages = Stages()
+        with stages("schedule_wait"):
+            first = next(plans, None)
+            upcoming = next(plans, None) if first is not None else None
+        ready = self._ready(*first, None, stages) if first is not None else None
+        while ready is not None:
+            before = dict(self.table.rows_moved)
+            following, upcoming = self._iteration(ready, upcoming, plans, stages)
+            moved = {k: self.table.rows_moved[k] - before[k] for k in before}
+            prefetched = len(ready.plan.work.prefetch) if ready.prefetched is not None else 0
+            record = {"step": ready.plan.step, "counts": ready.plan.counts, "moved": moved,
+                      "prefetched": prefetched, "digest": ready.plan.digest, "timing": stages.seconds,
+                      "samples": len(ready.batch), "loss_sum": self.last_loss}
+            log.append(record)
+            watchdog.beat()
+            if on_step is not None:
+                on_step(record)
+            ready, stages = following, Stages()
+            self.stages = stages
 
     def _ready(self, plan: BatchPlan, batch: GlobalBatch, prefetched, stages: Stages) -> _Ready:
         """The iteration's inputs as tensors: its samples' dense features, labels and row positions."""

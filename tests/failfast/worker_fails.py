@@ -1,9 +1,9 @@
 """Run under mpirun by tests/unit/test_mpi_failfast.py: a real ``hybrid train`` in which worker 1 alone fails.
 
-``python worker_fails.py startup|mid-run HYBRID-TRAIN-ARGS...``: worker 1 raises
-while its trainer starts (after the PS windows exist, before Horovod's
-broadcast) or at iteration 5. The message carries the time it was raised, so
-the test can tell how long the job took to end after it.
+``python worker_fails.py startup|mid-run|hang HYBRID-TRAIN-ARGS...``: worker 1
+raises while its trainer starts (after the PS windows exist, before Horovod's
+broadcast) or at iteration 5, or hangs at iteration 5. The message carries
+the time, so the test can tell how long the job took to end after it.
 """
 import sys
 import time
@@ -24,8 +24,12 @@ def _device(self, wanted):
 
 
 def _iteration(self, ready, *args, **kwargs):
-    if self.roles.worker == 1 and WHEN == "mid-run" and ready.plan.step == 5:
-        _fail("at iteration 5")
+    if self.roles.worker == 1 and ready.plan.step == 5:
+        if WHEN == "mid-run":
+            _fail("at iteration 5")
+        if WHEN == "hang":  # the others wait for it in the allreduce: only the watchdog ends this
+            print(f"worker 1 hangs at t={time.time():.3f}", file=sys.stderr, flush=True)
+            time.sleep(3600)
     return original_iteration(self, ready, *args, **kwargs)
 
 

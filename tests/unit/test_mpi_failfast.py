@@ -45,6 +45,30 @@ def test_an_error_on_one_worker_ends_the_whole_training_job_within_10_seconds(tm
     assert ended - raised < 10, f"the job ended {ended - raised:.1f} s after the error:\n{output}"
 
 
+def test_a_hung_worker_is_reported_by_the_watchdog_and_the_job_ends():
+    """Worker 1 sleeps at iteration 5 while the others wait in the allreduce: stage and stacks, then the end."""
+    import re
+    import tempfile
+
+    from hybrid.data.synthetic import synthesize
+
+    with tempfile.TemporaryDirectory() as tmp:
+        synthesize(Path(tmp) / "store", like="criteo-kaggle", rows=4000, scale=0.001, seed=1)
+        command = ["bash", str(ROOT / "launch" / "mpirun.sh"), "-n", "4", sys.executable,
+                   str(ROOT / "tests" / "failfast" / "worker_fails.py"), "hang", "train", "configs/w1-smoke.yaml",
+                   f"data.path={Path(tmp) / 'store'}", "train.batch_per_worker=16", "train.iterations=40",
+                   "train.watchdog_seconds=4", "--no-progress"]
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=200,
+                                env={**os.environ, "HYBRID_MPI_TIMEOUT": "180"})
+    ended = time.time()
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "no iteration finished for" in output and "a collective is stuck" in output, output
+    assert re.search(r"in stage \w+ of iteration 5", output) and "Thread 0x" in output, output  # stage, stacks
+    hung = float(re.search(r"worker 1 hangs at t=([0-9.]+)", output).group(1))
+    assert ended - hung < 4 + 10, f"the job ended {ended - hung:.1f} s after the hang:\n{output}"
+
+
 def _rank_pids(parent: int) -> dict:
     """World rank -> pid of the MPI processes mpirun (``parent``) forked on this host."""
     pids = {}
