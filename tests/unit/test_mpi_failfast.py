@@ -1,5 +1,6 @@
 """A failing MPI test ends its run at once with the failure printed (tests/conftest.py)."""
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,46 +24,36 @@ def test_a_failure_on_one_rank_ends_the_mpi_run_within_30_seconds():
     assert "rank 1 of 3: FAILED" in output and "deliberate failure on rank 1" in output, output
 
 
+def _train_with_a_failing_worker(store: Path, when: str, *overrides: str) -> tuple[str, float, int]:
+    """A 4-rank ``hybrid train`` on a tiny new store in which worker 1 fails as ``when`` says.
+
+    Returns the output, the time the job ended and its exit status.
+    """
+    from hybrid.data.synthetic import synthesize
+
+    synthesize(store, like="criteo-kaggle", rows=4000, scale=0.001, seed=1)
+    command = ["bash", str(ROOT / "launch" / "mpirun.sh"), "-n", "4", sys.executable,
+               str(ROOT / "tests" / "failfast" / "worker_fails.py"), when, "train", "configs/w1-smoke.yaml",
+               f"data.path={store}", "train.batch_per_worker=16", "train.iterations=40", *overrides, "--no-progress"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=200,
+                            env={**os.environ, "HYBRID_MPI_TIMEOUT": "180"})
+    return result.stdout + result.stderr, time.time(), result.returncode
+
+
 @pytest.mark.parametrize("when", ["startup", "mid-run"])
 def test_an_error_on_one_worker_ends_the_whole_training_job_within_10_seconds(tmp_path, when):
     """`hybrid train` prints the error naming the rank, then aborts every rank: nobody waits in a collective."""
-    import re
-
-    from hybrid.data.synthetic import synthesize
-
-    synthesize(tmp_path / "store", like="criteo-kaggle", rows=4000, scale=0.001, seed=1)
-    command = ["bash", str(ROOT / "launch" / "mpirun.sh"), "-n", "4", sys.executable,
-               str(ROOT / "tests" / "failfast" / "worker_fails.py"), when, "train", "configs/w1-smoke.yaml",
-               f"data.path={tmp_path / 'store'}", "train.batch_per_worker=16", "train.iterations=40",
-               "--no-progress"]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=200,
-                            env={**os.environ, "HYBRID_MPI_TIMEOUT": "180"})
-    ended = time.time()
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
+    output, ended, status = _train_with_a_failing_worker(tmp_path / "store", when)
+    assert status != 0, output
     assert "error on rank 1 of 4" in output and "deliberate failure on worker 1" in output, output
     raised = float(re.search(r"at t=([0-9.]+)", output).group(1))
     assert ended - raised < 10, f"the job ended {ended - raised:.1f} s after the error:\n{output}"
 
 
-def test_a_hung_worker_is_reported_by_the_watchdog_and_the_job_ends():
+def test_a_hung_worker_is_reported_by_the_watchdog_and_the_job_ends(tmp_path):
     """Worker 1 sleeps at iteration 5 while the others wait in the allreduce: stage and stacks, then the end."""
-    import re
-    import tempfile
-
-    from hybrid.data.synthetic import synthesize
-
-    with tempfile.TemporaryDirectory() as tmp:
-        synthesize(Path(tmp) / "store", like="criteo-kaggle", rows=4000, scale=0.001, seed=1)
-        command = ["bash", str(ROOT / "launch" / "mpirun.sh"), "-n", "4", sys.executable,
-                   str(ROOT / "tests" / "failfast" / "worker_fails.py"), "hang", "train", "configs/w1-smoke.yaml",
-                   f"data.path={Path(tmp) / 'store'}", "train.batch_per_worker=16", "train.iterations=40",
-                   "train.watchdog_seconds=4", "--no-progress"]
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=200,
-                                env={**os.environ, "HYBRID_MPI_TIMEOUT": "180"})
-    ended = time.time()
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
+    output, ended, status = _train_with_a_failing_worker(tmp_path / "store", "hang", "train.watchdog_seconds=4")
+    assert status != 0, output
     assert "no iteration finished for" in output and "a collective is stuck" in output, output
     assert re.search(r"in stage \w+ of iteration 5", output) and "Thread 0x" in output, output  # stage, stacks
     hung = float(re.search(r"worker 1 hangs at t=([0-9.]+)", output).group(1))
