@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import time
 import traceback
@@ -452,6 +453,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_STORE_WRITERS = ("synth", "preprocess", "fetch")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -460,8 +468,17 @@ def main(argv=None) -> int:
         args.overrides = list(args.overrides) + extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command in _STORE_WRITERS:
+        # SIGTERM (a time limit, `kill`) must unwind like Ctrl-C, so the writer removes its temporary store
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.func(args)
+    except KeyboardInterrupt as err:
+        if args.command not in _STORE_WRITERS:
+            raise
+        print(f"hybrid {args.command}: interrupted ({err or 'Ctrl-C'}); no partial store was left behind",
+              file=sys.stderr)
+        return 130
     except BrokenPipeError:  # the reader (e.g. `| head`) went away: not our error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -75,3 +75,26 @@ def test_compare_puts_modes_side_by_side_against_the_first_per_config(tmp_path, 
     assert lines[3].split()[3:6] == ["1.00x", "10", "0.0%"]
     assert main(["compare", str(tmp_path / "missing.json")]) == 1
     assert "not a training summary" in capsys.readouterr().err
+
+
+def test_sigterm_while_writing_a_store_leaves_nothing_behind(tmp_path):
+    """A time limit or `kill` mid-write: exit 130, a message, no hidden temporary store, no store."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "big"
+    process = subprocess.Popen([sys.executable, "-m", "hybrid", "synth", "--like", "criteo-kaggle", "--rows",
+                                "3000000", "--scale", "0.001", "--out", str(out)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".big.tmp-*")):
+        assert process.poll() is None and time.monotonic() < deadline, "the writer never started"
+        time.sleep(0.05)
+    time.sleep(0.5)  # mid-write
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "interrupted (SIGTERM); no partial store was left behind" in err
+    assert list(tmp_path.iterdir()) == []
