@@ -41,12 +41,12 @@ def request_pull(channel: MPI.Comm, target: int, local_rows: np.ndarray,
 
 
 def request_write(channel: MPI.Comm, target: int, local_rows: np.ndarray, values: np.ndarray,
-                  accumulate: bool) -> tuple[list, np.ndarray]:
-    """Start writing ``values`` to ``local_rows`` of ``target``'s shard; returns the requests and the buffer."""
-    n = len(local_rows)
-    packed = np.empty(n * 8 + values.nbytes, dtype=np.uint8)
+                  positions: np.ndarray, accumulate: bool) -> tuple[list, np.ndarray]:
+    """Start writing ``values[positions]`` to ``local_rows`` of ``target``'s shard; returns the requests and the buffer."""
+    n, dim = len(local_rows), values.shape[1]
+    packed = np.empty(n * 8 + n * dim * values.itemsize, dtype=np.uint8)
     packed[:n * 8].view(np.int64)[:] = local_rows
-    packed[n * 8:].view(values.dtype).reshape(values.shape)[:] = values
+    np.take(values, positions, axis=0, out=packed[n * 8:].view(values.dtype).reshape(n, dim))
     done = channel.Irecv([None, 0, MPI.BYTE], source=target, tag=DONE)
     return [done, channel.Isend([packed, MPI.BYTE], dest=target, tag=ADD if accumulate else PUT)], packed
 

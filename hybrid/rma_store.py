@@ -212,12 +212,13 @@ class EmbeddingStore:
         self.rows_moved["accumulate" if accumulate else "put"] += len(rows)
         handle = Handle(self)
         for target, positions, local in self._batches(rows):
-            staging = np.ascontiguousarray(values[positions], dtype=self.dtype)
-            if self.channel is not None:
-                requests, packed = packed_transport.request_write(self.channel, target, local, staging, accumulate)
+            if self.channel is not None:  # the rows go straight into the message, one copy
+                requests, packed = packed_transport.request_write(self.channel, target, local, values, positions,
+                                                                  accumulate)
                 handle.requests += requests
                 handle.buffers.append(packed)
                 continue
+            staging = np.ascontiguousarray(values[positions], dtype=self.dtype)
             ttype = self._target_type(local)
             origin = [staging, len(positions), self.row_type]
             if accumulate:
