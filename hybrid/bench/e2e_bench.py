@@ -110,8 +110,7 @@ def _run(command: list[str], env: dict, timeout: float) -> subprocess.CompletedP
 
 def train_once(hosts: EmulatedHosts, workload: Workload, mode: str, env: dict, overrides: list[str]) -> dict:
     """One ``hybrid train`` across the emulated hosts; returns its summary with the hosts' byte counters."""
-    config = load_config(str(ROOT / workload.config), [*workload.overrides, *overrides])
-    ranks = config.cluster.workers + config.cluster.ps
+    ranks = _ranks(workload, overrides)
     with tempfile.TemporaryDirectory(prefix="hybrid-e2e-") as tmp:
         summary_path = Path(tmp) / "summary.json"
         argv = [sys.executable, "-m", "hybrid", "train", str(ROOT / workload.config), *workload.overrides,
