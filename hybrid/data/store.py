@@ -301,25 +301,32 @@ class BatchStore:
             sample_ids=np.asarray(sample_ids, dtype=np.int64),
         )
 
-    def check_ids(self, chunk_rows: int = 1 << 20) -> None:
+    def check_ids(self, chunk_rows: int = 1 << 16) -> None:
         """Raise unless every id of every table is in ``[0, cardinality)`` (reads ``sparse.npy`` once).
 
         Training calls it before any rank uses the data: an id past its table
         would make the scheduler's kernels (compiled without bounds checks)
-        read out of bounds, or silently train the next table's rows.
+        read out of bounds, or silently train the next table's rows. It reads
+        the file in chunks rather than through the memory map, so the pages
+        it reads do not stay in this rank's resident memory.
         """
         cardinalities = self.cardinalities
-        for begin in range(0, len(self._sparse), chunk_rows):
-            chunk = np.asarray(self._sparse[begin:begin + chunk_rows])
-            if (chunk.min(axis=0) >= 0).all() and (chunk.max(axis=0) < cardinalities).all():
-                continue
-            bad = (chunk < 0) | (chunk >= cardinalities)
-            if bad.any():
-                sample, table = np.argwhere(bad)[0]
-                raise StoreError(
-                    f"{self.path / 'sparse.npy'}: sample {begin + sample} has id {chunk[sample, table]} in table "
-                    f"{self.table_names[table]}, outside [0, {cardinalities[table]}) of meta.json; the store is "
-                    f"corrupt or meta.json does not belong to it: rebuild it with 'hybrid preprocess' or 'hybrid synth'")
+        n, tables = self._sparse.shape
+        with open(self.path / "sparse.npy", "rb") as f:
+            for begin in range(0, n, chunk_rows):
+                f.seek(self._sparse.offset + begin * tables * 4)
+                chunk = np.fromfile(f, dtype=np.int32, count=min(chunk_rows, n - begin) * tables).reshape(-1, tables)
+                self._check_chunk(chunk, begin, cardinalities)
+
+    def _check_chunk(self, chunk: np.ndarray, begin: int, cardinalities: np.ndarray) -> None:
+        """Raise naming the first id of ``chunk`` (samples ``begin ..``) outside its table."""
+        if len(chunk) == 0 or ((chunk.min(axis=0) >= 0).all() and (chunk.max(axis=0) < cardinalities).all()):
+            return
+        sample, table = np.argwhere((chunk < 0) | (chunk >= cardinalities))[0]
+        raise StoreError(
+            f"{self.path / 'sparse.npy'}: sample {begin + sample} has id {chunk[sample, table]} in table "
+            f"{self.table_names[table]}, outside [0, {cardinalities[table]}) of meta.json; the store is "
+            f"corrupt or meta.json does not belong to it: rebuild it with 'hybrid preprocess' or 'hybrid synth'")
 
     def verify(self) -> None:
         """Recompute the checksums; raise if the arrays changed since writing."""
