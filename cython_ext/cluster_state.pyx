@@ -794,29 +794,113 @@ cdef class ClusterState:
         back, by worker and slot; afterwards the PS holds the latest value of
         every row. Only cached rows can be dirty, so this scans the caches.
         """
-        cdef int64_t s, n = 0, k = 0
-        cdef int w
+        parts = [self.dirty_slots(w) for w in range(self.n_workers)]
+        workers_array = np.repeat(np.arange(self.n_workers, dtype=np.int32), [len(p[0]) for p in parts])
+        rows_array = np.concatenate([p[0] for p in parts])
+        slots_array = np.concatenate([p[1] for p in parts])
+        cdef int64_t[::1] rows = rows_array
+        cdef int64_t k
+        with nogil:
+            for k in range(rows.shape[0]):
+                self.set_bit(rows[k], PS_BIT)
+        return workers_array, rows_array, slots_array
+
+    def dirty_slots(self, int w):
+        """(rows, slots) of worker ``w``'s dirty rows, without changing the state.
+
+        A checkpoint or a mid-run evaluation writes copies of them to the PS;
+        the schedule must go on exactly as if nothing had been written, so
+        their holder sets stay as they are (docs/design.md section 13).
+        Scans the worker's cache: called at checkpoints, not per iteration.
+        """
+        if w < 0 or w >= self.n_workers:
+            raise ValueError(f"worker must be in [0, {self.n_workers}), got {w}")
+        cdef int64_t s, n = 0
         cdef int32_t e
         with nogil:
-            for w in range(self.n_workers):
-                for s in range(self.used[w]):
-                    e = self.slot_row[w * self.capacity + s]
-                    if e != EMPTY and self.dirty_owner(e) == w:
-                        n += 1
-        workers_array = np.empty(n, dtype=np.int32)
+            for s in range(self.used[w]):
+                e = self.slot_row[w * self.capacity + s]
+                if e != EMPTY and self.dirty_owner(e) == w:
+                    n += 1
         rows_array = np.empty(n, dtype=np.int64)
         slots_array = np.empty(n, dtype=np.int32)
-        cdef int32_t[::1] workers = workers_array, slots = slots_array
         cdef int64_t[::1] rows = rows_array
+        cdef int32_t[::1] slots = slots_array
+        n = 0
         with nogil:
-            for w in range(self.n_workers):
-                for s in range(self.used[w]):
-                    e = self.slot_row[w * self.capacity + s]
-                    if e != EMPTY and self.dirty_owner(e) == w:
-                        workers[k], rows[k], slots[k] = w, e, <int32_t>s
-                        self.set_bit(e, PS_BIT)
-                        k += 1
-        return workers_array, rows_array, slots_array
+            for s in range(self.used[w]):
+                e = self.slot_row[w * self.capacity + s]
+                if e != EMPTY and self.dirty_owner(e) == w:
+                    rows[n], slots[n] = e, <int32_t>s
+                    n += 1
+        return rows_array, slots_array
+
+    # ------------------------------------------------------------ saving
+    def _persistent(self):
+        """Views of the arrays that outlive an iteration, by name."""
+        return {"holders": np.asarray(self.holders), "slot_row": np.asarray(self.slot_row),
+                "lru_prev": np.asarray(self.lru_prev), "lru_next": np.asarray(self.lru_next),
+                "lru_head": np.asarray(self.lru_head), "lru_tail": np.asarray(self.lru_tail),
+                "freq": np.asarray(self.freq), "lowest": np.asarray(self.lowest), "used": np.asarray(self.used),
+                "table": np.asarray(self.table), "written": np.asarray(self.written)}
+
+    def _shape_scalars(self):
+        return [self.n_workers, self.n_rows, self.capacity, self.buckets, self.max_pairs, self.full_set, self.p2p]
+
+    def save_arrays(self):
+        """The state that outlives an iteration, as NumPy arrays (copies), for a checkpoint.
+
+        Taken between ``plan(t)`` and ``train(t + 1)``. The needs of ``t + 1``
+        are left out: :meth:`load_arrays` is followed by ``set_needs`` with the
+        saved allocation, which rebuilds them (and the focus worker's index)
+        for whichever worker loads the state.
+        """
+        arrays = {name: view.copy() for name, view in self._persistent().items()}
+        arrays["scalars"] = np.array([self.iteration, self.epoch, *self._shape_scalars()], dtype=np.int64)
+        return arrays
+
+    def load_arrays(self, arrays):
+        """Restore what :meth:`save_arrays` returned; refuses a state of another shape or policy."""
+        scalars = np.asarray(arrays["scalars"], dtype=np.int64)
+        expected = self._shape_scalars()
+        if len(scalars) != 2 + len(expected) or list(scalars[2:]) != expected:
+            raise ValueError(f"saved cluster state has (workers, rows, slots, buckets, max pairs, full set, p2p) = "
+                             f"{tuple(int(x) for x in scalars[2:])}, this one {tuple(expected)}")
+        mine = self._persistent()
+        for name, view in mine.items():
+            saved = np.asarray(arrays[name])
+            if saved.shape != view.shape or saved.dtype != view.dtype:
+                raise ValueError(f"saved cluster state array {name} is {saved.shape} {saved.dtype}, "
+                                 f"expected {view.shape} {view.dtype}")
+        self._check_loaded(arrays)
+        for name, view in mine.items():
+            view[:] = arrays[name]
+        self.iteration, self.epoch = scalars[0], <int32_t>scalars[1]
+        self.needs_ready = False
+
+    def _check_loaded(self, arrays):
+        """Values the kernels index with (compiled without bounds checks) must be in range."""
+        slot_row = np.asarray(arrays["slot_row"])
+        if ((slot_row < EMPTY) | (slot_row >= self.n_rows)).any():
+            raise ValueError("saved cluster state has cache rows outside the table")
+        for name in ("lru_prev", "lru_next", "lru_head", "lru_tail"):
+            links = np.asarray(arrays[name])
+            if ((links < EMPTY) | (links >= self.capacity)).any():
+                raise ValueError(f"saved cluster state has {name} links outside the cache")
+        used, lowest = np.asarray(arrays["used"]), np.asarray(arrays["lowest"])
+        if ((used < 0) | (used > self.capacity)).any() or ((lowest < 0) | (lowest >= self.buckets)).any():
+            raise ValueError("saved cluster state has cache fill counts out of range")
+        table = np.asarray(arrays["table"])
+        if ((table != EMPTY) & (((table & LOW32) >= self.capacity) | ((table >> 32) >= self.n_rows))).any():
+            raise ValueError("saved cluster state has row -> slot entries out of range")
+        freq = np.asarray(arrays["freq"])
+        if ((freq < 0) | (freq >= self.buckets)).any():
+            raise ValueError("saved cluster state has LFU buckets out of range")
+        spare = self.words * 64 - (self.n_workers + 1)  # holder bits past the last worker must be clear
+        if spare:
+            last = np.asarray(arrays["holders"]).reshape(self.n_rows, self.words)[:, -1]
+            if (last >> np.uint64(64 - spare)).any():
+                raise ValueError("saved cluster state has holder bits of workers that do not exist")
 
     # ------------------------------------------------------------ copying
     def copy(self):

@@ -43,6 +43,13 @@ class AllocationPolicy(ABC):
     def allocate(self, rows: np.ndarray, iteration: int) -> np.ndarray:
         """int32 worker of each sample of ``rows``."""
 
+    def save_arrays(self) -> dict:
+        """What the policy carries from batch to batch, for a checkpoint (none: it reads the cluster state)."""
+        return {}
+
+    def load_arrays(self, arrays: dict) -> None:
+        """Restore :meth:`save_arrays`."""
+
 
 class RandomAllocation(AllocationPolicy):
     """A seeded random balanced assignment (vanilla BSP and the 'plan' mode)."""
@@ -196,6 +203,28 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
         draws = hash3(self.seed, self._doi_stream, np.uint64(iteration) * np.uint64(DOI_SAMPLE)
                       + np.arange(DOI_SAMPLE, dtype=np.uint64))
         return (draws % np.uint64(total)).astype(np.int64)
+
+    def save_arrays(self) -> dict:
+        """The access counts, the tables chosen and the measured cost, so a resumed run chooses alike."""
+        self.profiler._fold()
+        tables = np.full(0, -1, np.int32) if self.tables is None else self.tables
+        return {"counts": self.profiler.counts.copy(), "iterations": np.int64(self.profiler.iterations),
+                "tables": tables, "has_tables": np.bool_(self.tables is not None), "doi": self.doi.copy(),
+                "cost_per_table_ms": np.float64(self.cost_per_table_ms)}
+
+    def load_arrays(self, arrays: dict) -> None:
+        counts = np.asarray(arrays["counts"])
+        if counts.shape != self.profiler.counts.shape:
+            raise ValueError(f"saved access counts cover {counts.shape[0]} rows, the tables "
+                             f"{self.profiler.counts.shape[0]}")
+        tables = np.asarray(arrays["tables"], dtype=np.int32)
+        if len(tables) and (tables.min() < 0 or tables.max() >= self.n_tables):
+            raise ValueError(f"saved scored tables {tables.tolist()} are not tables of this store")
+        self.profiler.counts[:] = counts
+        self.profiler.iterations = int(arrays["iterations"])
+        self.tables = tables if bool(arrays["has_tables"]) else None
+        self.doi = np.asarray(arrays["doi"], dtype=np.float64).copy()
+        self.cost_per_table_ms = float(arrays["cost_per_table_ms"])
 
     def set_budget(self, budget_ms: float) -> None:
         self.budget_ms = budget_ms

@@ -309,16 +309,21 @@ def cmd_bench(args) -> int:
 def cmd_train(args) -> int:
     config = load_config(args.config, args.overrides)
     from hybrid import train_job
+    from hybrid.preemption import StopRequest
 
+    stop = StopRequest().install()  # SIGTERM/SIGINT/SIGUSR1: checkpoint, then exit 0
     try:
         summary = train_job.run(config, log_path=args.log_jsonl, summary_path=args.summary_json,
-                                progress=not args.no_progress)
+                                progress=not args.no_progress, resume=args.resume, stop=stop)
     except (Exception, KeyboardInterrupt) as err:
         _end_the_job(err)
         raise
     if summary is not None:
         print(train_job.format_summary(summary), flush=True)
         print(train_job.format_breakdown(summary), flush=True)
+        extra = train_job.format_checkpoints(summary)
+        if extra:
+            print(extra, flush=True)
     return 0
 
 
@@ -445,6 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-jsonl", help="worker 0 writes one JSON record per iteration here")
     p.add_argument("--summary-json", help="worker 0 writes the final summary here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest usable checkpoint in train.checkpoint_dir (start if none)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("compare", help="modes side by side from 'hybrid train --summary-json' files")

@@ -16,6 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
 from mpi4py import MPI
 
 
@@ -52,6 +53,26 @@ class Roles:
             idle_barrier(self.workers, poll_seconds=0.0002)
         else:
             self.workers.Barrier()
+
+    def worker_barrier_any(self, flag: bool) -> bool:
+        """A workers' barrier that also tells whether any worker passed ``flag`` (e.g. a stop request).
+
+        One tiny allreduce costs what the barrier costs, so every iteration
+        can end with it; it sleeps while waiting when ranks share cores.
+        """
+        mine = np.array([int(flag)], dtype=np.int32)
+        anyone = np.zeros(1, dtype=np.int32)
+        if self.oversubscribed:
+            request = self.workers.Iallreduce(mine, anyone, op=MPI.MAX)
+            while not request.Test():
+                time.sleep(0.0002)
+        else:
+            self.workers.Allreduce(mine, anyone, op=MPI.MAX)
+        return bool(anyone[0])
+
+    def worker_max(self, value: int) -> int:
+        """The largest ``value`` over the workers (collective over the workers)."""
+        return self.workers.allreduce(value, op=MPI.MAX)
 
     @property
     def rank(self) -> int:

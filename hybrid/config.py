@@ -131,6 +131,9 @@ class TrainConfig:
     threads: int = 0  # torch compute threads per worker (0 = this host's cores / its ranks, at least 1)
     device: str = "auto"  # auto (CUDA when present and Horovod has NCCL), cpu, cuda
     watchdog_seconds: float = 600.0  # a worker with no finished iteration for this long reports and ends the job
+    checkpoint_every: int = 0  # iterations between checkpoints, and one at the end (0 = only on SIGTERM/SIGUSR1)
+    checkpoint_keep: int = 2  # complete checkpoints kept (older ones are deleted)
+    checkpoint_dir: str = ""  # default: checkpoints/<name>
 
 
 @dataclass
@@ -173,8 +176,34 @@ class Config:
 
     def digest(self) -> str:
         """Stable hash of the resolved config; ranks compare it at start-up."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return _digest(self.to_dict())
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return Path(self.train.checkpoint_dir or f"checkpoints/{self.name}")
+
+    def training_dict(self) -> dict:
+        """The config without the keys that do not change what is trained (a resume may change them)."""
+        values = self.to_dict()
+        for dotted in RUN_ONLY_KEYS:
+            section, key = dotted.split(".")
+            values[section].pop(key)
+        return values
+
+    def training_digest(self) -> str:
+        """Hash of :meth:`training_dict`: a checkpoint resumes only under the same one."""
+        return _digest(self.training_dict())
+
+
+# Keys a resumed run may change: where and how often it saves, how it watches and reports,
+# how it reaches the PS. Every other key changes the result and must match the checkpoint's.
+RUN_ONLY_KEYS = ("train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir",
+                 "train.watchdog_seconds", "train.eval_every", "train.verify_cache", "cluster.transport")
+
+
+def _digest(values: dict) -> str:
+    text = json.dumps(values, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _enum_value(value):
@@ -247,6 +276,9 @@ def validate(config: Config) -> None:
     _check(c.train.watchdog_seconds >= 0, "train.watchdog_seconds",
            f"must be >= 0 (0 = off), got {c.train.watchdog_seconds}")
     _check(c.train.threads >= 0, "train.threads", f"must be >= 0 (0 = cores / ranks per host), got {c.train.threads}")
+    _check(c.train.checkpoint_every >= 0, "train.checkpoint_every",
+           f"must be >= 0 (0 = only when stopped by a signal), got {c.train.checkpoint_every}")
+    _check(c.train.checkpoint_keep >= 1, "train.checkpoint_keep", f"must be >= 1, got {c.train.checkpoint_keep}")
     _check(c.train.eval_every >= 0, "train.eval_every", f"must be >= 0 (0 = only at the end), got {c.train.eval_every}")
     _check(c.train.device in ("auto", "cpu", "cuda"), "train.device",
            f"expected one of auto, cpu, cuda, got {c.train.device!r}")

@@ -142,9 +142,10 @@ class EmbeddingStore:
                 f"launch/mpirun.sh --tcp (UCX over TCP); see docs/design.md section 12") from err
         self.channel = comm.Dup() if self.transport == "packed" else None
         self.service = None
+        self.shard = None  # a PS rank's rows, in the window's memory
         if self.is_ps:
             memory = self.win.tomemory() if stop > first else bytearray(0)
-            shard = np.frombuffer(memory, dtype=self.dtype).reshape(stop - first, dim)
+            shard = self.shard = np.frombuffer(memory, dtype=self.dtype).reshape(stop - first, dim)
             if init is not None and stop > first:
                 init(shard, first)
             else:
@@ -279,6 +280,7 @@ class EmbeddingStore:
         if self.channel is not None:
             self.channel.Free()
         self.win = None
+        self.shard = None
 
     def __enter__(self) -> "EmbeddingStore":
         return self

@@ -85,6 +85,8 @@ class BatchPlan:
     digest: str  # allocation and every worker's events: equal on every rank
     work: Optional[WorkerPlan] = None  # the scheduler's focus worker's share
     snapshot: Optional[dict] = None  # debug: one worker's view of the state after this iteration
+    saved: Optional[dict] = None  # for a checkpoint: Scheduler.save_arrays() after this iteration
+    dirty: Optional[tuple] = None  # for a checkpoint or an evaluation: (rows, slots) dirty at the worker after it
 
     @property
     def needed(self) -> int:
@@ -120,26 +122,40 @@ class Scheduler:
     table_offsets: np.ndarray
     snapshot_worker: Optional[int] = None  # debug: attach this worker's end-of-iteration state to plans
     _timing: dict = field(default_factory=dict)
+    _next: tuple = (0, None)  # (step, allocation) of the batch after the plan last yielded
 
-    @classmethod
-    def from_config(cls, config: Config, *, cardinalities, mode: Mode | None = None,
-                    worker: Optional[int] = None) -> "Scheduler":
+    @staticmethod
+    def check(config: Config, cardinalities, mode: Mode | None = None) -> int:
+        """Raise :class:`SchedulerError` if the scheduler cannot run ``config``; else the cache slots per worker.
+
+        Cheap (nothing is allocated), so training runs it on every rank
+        before any collective: such an error then stops every rank alike.
+        """
         mode = config.scheduler.mode if mode is None else mode
         if mode not in MODES:
             raise SchedulerError(f"scheduler.mode={mode.value} is not implemented yet; "
                                  f"implemented: {', '.join(m.value for m in MODES)}")
         cardinalities = np.asarray(cardinalities, dtype=np.int64)
-        n_rows, n_tables = int(cardinalities.sum()), len(cardinalities)
-        n_workers, per_worker = config.cluster.workers, config.train.batch_per_worker
-        capacity = cache_capacity(n_rows, config.cache.ratio, per_worker, n_tables)
+        capacity = cache_capacity(int(cardinalities.sum()), config.cache.ratio, config.train.batch_per_worker,
+                                  len(cardinalities))
         if config.scheduler.staleness:
             raise SchedulerError(f"scheduler.staleness={config.scheduler.staleness} applies to mode het, "
                                  f"which is not implemented yet; use scheduler.staleness=0 (BSP)")
-        uses_laia, full_set = MODES[mode]
-        p2p = config.scheduler.sync is SyncMode.p2p
-        if p2p and full_set:
+        if config.scheduler.sync is SyncMode.p2p and MODES[mode][1]:
             raise SchedulerError(f"scheduler.sync=p2p needs an on-demand mode (plan or herald), "
                                  f"not {mode.value}")
+        return capacity
+
+    @classmethod
+    def from_config(cls, config: Config, *, cardinalities, mode: Mode | None = None,
+                    worker: Optional[int] = None) -> "Scheduler":
+        mode = config.scheduler.mode if mode is None else mode
+        capacity = cls.check(config, cardinalities, mode)
+        cardinalities = np.asarray(cardinalities, dtype=np.int64)
+        n_rows, n_tables = int(cardinalities.sum()), len(cardinalities)
+        n_workers, per_worker = config.cluster.workers, config.train.batch_per_worker
+        uses_laia, full_set = MODES[mode]
+        p2p = config.scheduler.sync is SyncMode.p2p
         state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=full_set,
                              max_pairs=n_workers * per_worker * n_tables, p2p=p2p, policy=config.cache.policy.value,
                              focus=-1 if worker is None else worker, annotate=worker is not None)
@@ -197,15 +213,47 @@ class Scheduler:
             prefetch=Transfer(pull["rows"][early], pull["slots"][early]),
             plan_push=Transfer(plan_push["rows"], plan_push["slots"]), p2p=len(events["p2p"]["rows"]))
 
-    def plans(self, batches: Iterable[np.ndarray]) -> Iterator[BatchPlan]:
-        """One plan per batch of per-table ids ([B, tables]), in order."""
+    def save_arrays(self) -> dict:
+        """What the plans after the one last yielded depend on, as arrays (docs/design.md section 13).
+
+        Call it while :meth:`plans` waits at a yield (plan ``t``): the cluster
+        state after ``plan(t)``, the policy's own state and the allocation of
+        ``t + 1``, made before plan ``t`` was handed out. Every worker's
+        scheduler holds the same; :meth:`plans` with ``resume`` continues from it.
+        """
+        step, alloc = self._next
+        arrays = {f"state.{k}": v for k, v in self.state.save_arrays().items()}
+        arrays.update({f"policy.{k}": v for k, v in self.policy.save_arrays().items()})
+        arrays["next_step"] = np.int64(step)
+        arrays["next_alloc"] = np.zeros(0, np.int32) if alloc is None else alloc.copy()
+        return arrays
+
+    def _restore(self, arrays: dict, rows: np.ndarray) -> tuple[int, np.ndarray]:
+        """Load :meth:`save_arrays`; returns the step and allocation of the batch ``rows``."""
+        self.state.load_arrays({k[len("state."):]: v for k, v in arrays.items() if k.startswith("state.")})
+        self.policy.load_arrays({k[len("policy."):]: v for k, v in arrays.items() if k.startswith("policy.")})
+        alloc = np.ascontiguousarray(arrays["next_alloc"], dtype=np.int32)
+        if len(alloc) != len(rows):
+            raise ValueError(f"the saved allocation covers {len(alloc)} samples, the batch to resume with "
+                             f"{len(rows)}")
+        return int(arrays["next_step"]), alloc
+
+    def plans(self, batches: Iterable[np.ndarray], resume: Optional[dict] = None) -> Iterator[BatchPlan]:
+        """One plan per batch of per-table ids ([B, tables]), in order.
+
+        ``resume`` (from :meth:`save_arrays`) continues an earlier run: then
+        ``batches`` start at the batch of its ``next_step``.
+        """
         iterator = iter(batches)
         first = next(iterator, None)
         if first is None:
             return
-        rows, alloc = self._allocate(first, 0)
+        if resume is None:
+            step, (rows, alloc) = 0, self._allocate(first, 0)
+        else:
+            rows = self.global_rows(first)
+            step, alloc = self._restore(resume, rows)
         self.state.set_needs(rows, alloc)
-        step = 0
         while True:
             timing = dict(self._timing)
             start = time.perf_counter()
@@ -225,6 +273,7 @@ class Scheduler:
             work = self._work(trained)
             timing["plan"] = time.perf_counter() - start
             counts = {k: counts[k] + planned[k] for k in KIND_NAMES}
+            self._next = (step + 1, next_alloc)
             yield BatchPlan(step=step, allocation=alloc, counts=counts, timing=timing,
                             digest=digest.hexdigest()[:16], work=work, snapshot=self._snapshot())
             if upcoming is None:

@@ -20,10 +20,13 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
+from hybrid import checkpoint as ckpt
 from hybrid.comm import check_agreement, split_roles
 from hybrid.config import Config
 from hybrid.data.store import BatchStore, StoreError
 from hybrid.link_counters import difference, link_bytes
+from hybrid.preemption import StopRequest
+from hybrid.scheduler import Scheduler
 from hybrid.trainer import STAGES, HybridTrainer
 
 
@@ -39,13 +42,16 @@ def _open_stores(config: Config) -> tuple[Optional[BatchStore], Optional[BatchSt
 
 
 def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optional[str] = None,
-        progress: bool = True) -> Optional[dict]:
+        progress: bool = True, resume: bool = False, stop: Optional[StopRequest] = None) -> Optional[dict]:
     """Train as configured; returns the summary on worker 0 and None on other ranks.
 
-    Errors found before training (config or data disagreement, a bad store)
-    are raised on every rank alike. Later ones may be raised on some ranks
-    only, with the others left in a collective: the caller must then end the
-    job, as ``hybrid train`` does (print, then ``MPI_Abort``).
+    ``resume``: continue from the newest usable checkpoint in
+    ``config.checkpoint_path`` (from the start when there is none). ``stop``:
+    a signal request that ends the run early with a checkpoint. Errors found
+    before training (config or data disagreement, a bad store, a checkpoint
+    of another run) are raised on every rank alike. Later ones may be raised
+    on some ranks only, with the others left in a collective: the caller
+    must then end the job, as ``hybrid train`` does (print, then ``MPI_Abort``).
     """
     from mpi4py import MPI
 
@@ -59,13 +65,19 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
         raise ValueError(f"{config.data.path}: the train split has {train.n_samples} samples, fewer than one "
                          f"global batch of {config.global_batch} (cluster.workers x train.batch_per_worker); "
                          f"use a larger store or a smaller batch")
+    Scheduler.check(config, train.cardinalities)  # before any collective allocation, on every rank alike
     iterations = config.train.iterations or train.num_batches(config.global_batch)
     if iterations > train.num_batches(config.global_batch):
         raise ValueError(f"train.iterations={iterations} exceeds the {train.num_batches(config.global_batch)} "
                          f"global batches of {config.global_batch} in {config.data.path}")
+    checkpoint = _resume_point(config, roles, fingerprint) if resume else None
+    if checkpoint is not None and checkpoint.step + 1 >= iterations:
+        _say(roles, f"{checkpoint.path} is the end of this run (iteration {checkpoint.step}); nothing to resume")
+        roles.free()
+        return None
     # From here an error may be raised on some ranks only: it propagates without any collective
     # cleanup (which would wait for ranks that never come), and `hybrid train` aborts the job.
-    trainer = HybridTrainer(config, roles, train)
+    trainer = HybridTrainer(config, roles, train, resume=checkpoint, stop=stop)
     summary = _train(config, trainer, test, iterations, log_path, progress)
     trainer.close()
     roles.free()
@@ -74,11 +86,48 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
     return summary
 
 
+def _say(roles, message: str) -> None:
+    if roles.rank == 0:
+        print(f"hybrid train: {message}", file=sys.stderr, flush=True)
+
+
+def _resume_point(config: Config, roles, fingerprint: str) -> Optional[ckpt.Checkpoint]:
+    """The newest checkpoint every rank can use, chosen alike on every rank (collective).
+
+    One of another config or data is refused outright; a damaged one
+    (a file missing, truncated or changed) is skipped for the previous one.
+    Each rank checks only the files it will read: PS ranks their rows,
+    workers the MLP and the scheduler's state.
+    """
+    directory = ckpt.CheckpointDir(config.checkpoint_path)
+    candidates = roles.world.bcast(directory.complete() if roles.rank == 0 else None, root=0)
+    if not candidates:
+        _say(roles, f"no checkpoint in {directory.root}; starting from iteration 0")
+        return None
+    mine = [ckpt.shard_name(roles.ps_ranks.index(roles.rank))] if roles.is_ps else ["dense.pt", "scheduler.npz"]
+    skipped = []
+    for candidate in candidates:
+        other = ckpt.mismatch(candidate, config.training_dict(), fingerprint)
+        if other:
+            raise ckpt.CheckpointError(f"{candidate.path} belongs to another run: {other}; resume with the "
+                                       f"config and data that wrote it, or set train.checkpoint_dir elsewhere")
+        problems = sorted({p for p in roles.world.allgather(ckpt.verify(candidate, mine)) if p})
+        if not problems:
+            if skipped:
+                _say(roles, f"skipped damaged checkpoint(s): {'; '.join(skipped)}")
+            _say(roles, f"resuming from {candidate.path} (after iteration {candidate.step})")
+            return candidate
+        skipped.append(f"{candidate.path.name}: {', '.join(problems)}")
+    raise ckpt.CheckpointError(f"no usable checkpoint in {directory.root}: {'; '.join(skipped)}")
+
+
 def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations: int,
            log_path: Optional[str], progress: bool) -> Optional[dict]:
     lead = trainer.roles.worker == 0
-    bar = tqdm(total=iterations, unit="it", desc=f"train {config.scheduler.mode.value}", file=sys.stderr,
+    bar = tqdm(total=iterations, initial=trainer.run.start_step, unit="it", desc=f"train {config.scheduler.mode.value}", file=sys.stderr,
                disable=None if (lead and progress) else True)
+    if lead and log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "w") if (lead and log_path) else None
 
     def on_step(record: dict) -> None:
@@ -89,16 +138,18 @@ def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations:
     try:
         links = link_bytes()
         start = time.perf_counter()
-        log = trainer.train(iterations, on_step=on_step)
+        log = trainer.train(iterations, on_step=on_step, test=test)  # PS ranks: serve until end_service
         seconds = time.perf_counter() - start
         links = difference(link_bytes(), links)
     finally:
         bar.close()
         if log_file is not None:
             log_file.close()
-    trainer.flush()
-    evaluation = trainer.evaluate(test)
-    trainer.table.barrier()  # PS ranks wait here for the whole run, serving packed transfers
+    stopped = trainer.roles.is_ps or trainer.run.stopped_by is not None
+    if not stopped:
+        trainer.flush()
+    evaluation = None if stopped else trainer.evaluate(test)
+    trainer.end_service()
     ranks = trainer.roles.world.gather({**_rank_report(trainer), "train_link_bytes": links}, root=0)
     return _summarize(config, trainer, log, seconds, evaluation, ranks) if not trainer.roles.is_ps else None
 
@@ -138,16 +189,38 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         "table_rows": trainer.table.ranges.n_rows, "ps_shard_mb": round(shard_rows * row_bytes / 2**20, 1),
         "ranks": ranks,
         "evaluation": evaluation,
+        "start_step": trainer.run.start_step, "stopped_by": trainer.run.stopped_by,
+        "checkpoints": trainer.run.checkpoints, "evaluations": trainer.run.evaluations,
+        "checkpoint_rows": {"flushed": trainer.run.flushed_rows, "restored": trainer.run.restored_rows},
     }
 
 
 def format_summary(summary: dict) -> str:
-    t, e = summary["transmissions"], summary["evaluation"] or {}
+    t, e = summary["transmissions"], summary["evaluation"]
+    tested = (f"test AUC {e['auc']:.4f}, log loss {e['logloss']:.4f} on {e['samples']} samples" if e
+              else "not evaluated (stopped early)")
     return (f"{summary['config']} {summary['mode']}: {summary['workers']} workers + {summary['ps']} PS, "
             f"{summary['iterations']} iterations, {summary['throughput']:.0f} samples/s; "
             f"transmissions {t['rows']} rows (pull {t['pull_rows']}, push {t['push_rows']}), "
-            f"hit rate {summary['hit_rate']:.1%}; train loss {summary['train_loss']:.4f}, test AUC {e.get('auc', float('nan')):.4f}, "
-            f"log loss {e.get('logloss', float('nan')):.4f} on {e.get('samples', 0)} samples")
+            f"hit rate {summary['hit_rate']:.1%}; train loss {summary['train_loss']:.4f}, {tested}")
+
+
+def format_checkpoints(summary: dict) -> str:
+    """Resumed from, checkpoints written, mid-run evaluations and an early stop, one line each ('' if none)."""
+    lines = []
+    if summary["start_step"]:
+        lines.append(f"  resumed at iteration {summary['start_step']} "
+                     f"({summary['checkpoint_rows']['restored']} cached rows read back on worker 0)")
+    for entry in summary["evaluations"]:
+        lines.append(f"  evaluation after iteration {entry['step']}: AUC {entry['auc']:.4f}, "
+                     f"log loss {entry['logloss']:.4f}")
+    for entry in summary["checkpoints"]:
+        lines.append(f"  checkpoint after iteration {entry['step']}: {entry['path']} ({entry['seconds']:.1f} s)")
+    if summary["stopped_by"]:
+        where = summary["checkpoints"][-1]["path"] if summary["checkpoints"] else "?"
+        lines.append(f"  stopped by {summary['stopped_by']} after iteration "
+                     f"{summary['start_step'] + summary['iterations'] - 1}; continue with --resume (from {where})")
+    return "\n".join(lines)
 
 
 def format_breakdown(summary: dict) -> str:

@@ -41,86 +41,28 @@ Reads and writes of different rows never conflict; for one row:
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
-import queue
-import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 
+from hybrid import checkpoint as ckpt
 from hybrid.comm import Roles, init_horovod
 from hybrid.config import Config, SyncMode
 from hybrid.data.store import BatchStore, GlobalBatch
 from hybrid.embedding_init import fill_initial_rows
 from hybrid.models import build_model, dense_optimizer
+from hybrid.plan_producer import PlanProducer
+from hybrid.preemption import StopRequest
 from hybrid.rma_store import EmbeddingStore, Handle
 from hybrid.scheduler import BatchPlan, Scheduler, WorkerPlan
 from hybrid.watchdog import Watchdog
 
 STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barrier")
-
-
-class _End:
-    """Typed end marker of the plan queue."""
-
-
-class PlanProducer:
-    """Runs the scheduler ahead of training in a thread, handing (plan, batch) pairs over a bounded queue.
-
-    The thread is the only reader of ``batches``: each plan travels with the
-    global batch it was made from.
-    """
-
-    def __init__(self, scheduler: Scheduler, batches: Iterable[GlobalBatch], depth: int = 2):
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(scheduler, batches), daemon=True,
-                                        name="scheduler")
-        self._thread.start()
-
-    def _run(self, scheduler: Scheduler, batches: Iterable[GlobalBatch]) -> None:
-        pending: collections.deque = collections.deque()
-
-        def sparse():
-            for batch in batches:
-                pending.append(batch)
-                yield batch.sparse
-
-        try:
-            for plan in scheduler.plans(sparse()):
-                if not self._put((plan, pending.popleft())):
-                    return
-            self._put(_End())
-        except BaseException as err:  # handed to the consumer, which re-raises it
-            self._put(err)
-
-    def _put(self, item) -> bool:
-        """Queue ``item`` unless closed meanwhile; returns whether it was queued."""
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def __iter__(self) -> Iterator[tuple[BatchPlan, GlobalBatch]]:
-        while True:
-            item = self._queue.get()
-            if isinstance(item, _End):
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 class Stages:
@@ -149,29 +91,48 @@ class _Ready:
     prefetched: Optional[tuple]  # (handle, values) of plan.work.prefetch, or None when nothing was read ahead
 
 
-class HybridTrainer:
-    """One rank's part of a training run; construct on every rank (collective)."""
+@dataclass
+class RunState:
+    """What a worker's run did besides training: checkpoints, evaluations, rows moved for them."""
 
-    def __init__(self, config: Config, roles: Roles, store: BatchStore):
+    start_step: int = 0  # first iteration of this run (> 0 when resumed)
+    stopped_by: Optional[str] = None  # the signal that ended the run early, if one did
+    checkpoints: list = field(default_factory=list)  # {"step", "path", "seconds"} per checkpoint written
+    evaluations: list = field(default_factory=list)  # {"step", ...evaluation} per mid-run evaluation
+    flushed_rows: int = 0  # dirty rows copied to the PS for checkpoints and evaluations (not transmissions)
+    restored_rows: int = 0  # cached rows read back from the PS when resuming (not transmissions)
+
+
+class HybridTrainer:
+    """One rank's part of a training run; construct on every rank (collective).
+
+    ``resume``: a checkpoint chosen by every rank alike (``train_job``): PS
+    ranks load their rows from it, workers the MLP, its optimizer and the
+    scheduler's state. ``stop``: a signal request that ends the run early
+    with a checkpoint (docs/design.md section 13).
+    """
+
+    def __init__(self, config: Config, roles: Roles, store: BatchStore, *,
+                 resume: Optional[ckpt.Checkpoint] = None, stop: Optional[StopRequest] = None):
         if config.scheduler.sync is SyncMode.p2p:
             raise ValueError("scheduler.sync=p2p runs in the simulator only so far; the runtime executes "
                              "PS plans (scheduler.sync=ps)")
-        if config.train.eval_every:
-            raise ValueError("train.eval_every is not implemented yet: evaluation runs once, after training; "
-                             "set train.eval_every=0")
         start = time.perf_counter()
         self.config, self.roles, self.data = config, roles, store
+        self.stop = stop or StopRequest()
+        self.checkpoints = ckpt.CheckpointDir(config.checkpoint_path, config.train.checkpoint_keep)
+        self.run = RunState(start_step=resume.step + 1 if resume else 0)
         self.dtype = np.dtype(config.model.precision.value)
         self.torch_dtype = getattr(torch, config.model.precision.value)
         self.overlap = config.train.overlap
         n_rows = int(store.cardinalities.sum())
         dim = config.model.embedding_dim
         self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, dim, dtype=self.dtype,
-                                    init=lambda shard, first: fill_initial_rows(shard, config.seed, first),
-                                    transport=config.cluster.transport.value,
+                                    init=self._initial_rows(resume), transport=config.cluster.transport.value,
                                     spin_seconds=0.0 if roles.oversubscribed else 0.002)
         self.hvd = init_horovod(roles)
         self.last_loss = 0.0
+        self._served = False  # the workers have released the PS ranks (end_service)
         if roles.is_ps:
             self.startup_seconds = time.perf_counter() - start
             return
@@ -187,7 +148,20 @@ class HybridTrainer:
         self.optimizer = self.hvd.DistributedOptimizer(
             dense_optimizer(config, self.model.parameters()),
             named_parameters=self.model.named_parameters(), op=self.hvd.Sum)
+        self.resume_arrays = None
+        if resume is not None:
+            dense = torch.load(resume.file("dense.pt"), map_location=self.device, weights_only=True)
+            self.model.load_state_dict(dense["model"])
+            self.optimizer.load_state_dict(dense["optimizer"])
+            self.resume_arrays = ckpt.read_arrays(resume.file("scheduler.npz"))
         self.startup_seconds = time.perf_counter() - start
+
+    def _initial_rows(self, resume: Optional[ckpt.Checkpoint]) -> Callable[[np.ndarray, int], None]:
+        """How a PS rank fills its shard: the seeded initial rows, or its file of the checkpoint."""
+        if resume is None:
+            return lambda shard, first: fill_initial_rows(shard, self.config.seed, first)
+        index = self.roles.ps_ranks.index(self.roles.rank) if self.roles.is_ps else 0
+        return lambda shard, first: ckpt.read_rows_into(resume.file(ckpt.shard_name(index)), shard)
 
     def _device(self, wanted: str) -> torch.device:
         """The model's device. The cache stays in host memory: RMA reads and writes it."""
@@ -200,34 +174,57 @@ class HybridTrainer:
         return torch.device("cuda", self.hvd.local_rank() % torch.cuda.device_count())
 
     # -------------------------------------------------------------- training
-    def train(self, iterations: int, on_step: Optional[Callable[[dict], None]] = None) -> list[dict]:
-        """Run ``iterations`` global batches; returns one record per iteration (workers) or [].
+    def train(self, iterations: int, on_step: Optional[Callable[[dict], None]] = None,
+              test: Optional[BatchStore] = None) -> list[dict]:
+        """Run global batches ``start_step .. iterations - 1``; one record per iteration (workers) or [].
 
         A record holds the plan's event counts (all workers), the rows this
         worker moved through the store during the iteration (``moved``; with
         overlap that includes the next iteration's prefetched rows), how many
         of this iteration's rows were read during the previous one
         (``prefetched``), the plan digest, seconds per stage and this worker's
-        summed sample losses. A worker that finishes no iteration for
-        ``train.watchdog_seconds`` prints its stage and stacks and ends the
-        job (``hybrid.watchdog``).
+        summed sample losses, and the evaluation on ``test`` when one ran
+        after it (``train.eval_every``). A worker that finishes no iteration
+        for ``train.watchdog_seconds`` prints its stage and stacks and ends
+        the job (``hybrid.watchdog``). PS ranks serve the workers until they
+        end the run (:meth:`end_service`), writing their rows at checkpoints.
         """
         if self.roles.is_ps:
+            self._serve()
             return []
+        first = self.run.start_step
         batches = self.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
-                                    seed=self.config.data.shuffle_seed)
-        producer = PlanProducer(self.scheduler, itertools.islice(batches, iterations))
+                                    seed=self.config.data.shuffle_seed, start_batch=first)
+        producer = PlanProducer(self.scheduler, itertools.islice(batches, iterations - first),
+                                last_step=iterations - 1, marks=self._marks, resume=self.resume_arrays)
         log = []
         self.stages = Stages()
-        where = lambda: f"in stage {self.stages.current} of iteration {len(log)}"  # noqa: E731
+        where = lambda: f"in stage {self.stages.current} of iteration {first + len(log)}"  # noqa: E731
         try:
             with Watchdog(self.config.train.watchdog_seconds, where) as watchdog:
-                self._loop(producer, log, on_step, watchdog)
+                self._restore_cache()
+                self._loop(producer, log, on_step, watchdog, test)
         finally:
             producer.close()
         return log
 
-    def _loop(self, producer: PlanProducer, log: list, on_step, watchdog: Watchdog) -> None:
+    def _marks(self, step: int) -> tuple[bool, bool]:
+        """(save, dirty rows) for plan ``step``: checkpoints every ``checkpoint_every``, evaluations every ``eval_every``."""
+        every, evaluate = self.config.train.checkpoint_every, self.config.train.eval_every
+        save = bool(every) and (step + 1) % every == 0
+        return save, save or (bool(evaluate) and (step + 1) % evaluate == 0)
+
+    def _restore_cache(self) -> None:
+        """Resuming: read this worker's cached rows back from the PS (checkpointed with every dirty row)."""
+        if self.resume_arrays is None:
+            return
+        capacity, me = self.scheduler.state.capacity, self.roles.worker
+        rows = self.resume_arrays["state.slot_row"][me * capacity:(me + 1) * capacity].astype(np.int64)
+        slots = np.flatnonzero(rows >= 0)
+        self.table.pull(rows[slots], self.cache, at=slots).wait()
+        self.run.restored_rows += len(slots)
+
+    def _loop(self, producer: PlanProducer, log: list, on_step, watchdog: Watchdog, test) -> None:
         """The iterations, each prepared by the one before (see the module docstring)."""
         plans = iter(producer)
         stages = self.stages = Stages()
@@ -235,20 +232,124 @@ class HybridTrainer:
             first = next(plans, None)
             upcoming = next(plans, None) if first is not None else None
         ready = self._ready(*first, None, stages) if first is not None else None
+        stopping = False
         while ready is not None:
             before = dict(self.table.rows_moved)
-            following, upcoming = self._iteration(ready, upcoming, plans, stages)
+            following, upcoming, stop = self._iteration(ready, upcoming, plans, stages)
             moved = {k: self.table.rows_moved[k] - before[k] for k in before}
             prefetched = len(ready.plan.work.prefetch) if ready.prefetched is not None else 0
             record = {"step": ready.plan.step, "counts": ready.plan.counts, "moved": moved,
                       "prefetched": prefetched, "digest": ready.plan.digest, "timing": stages.seconds,
                       "samples": len(ready.batch), "loss_sum": self.last_loss}
+            record.update(self._after(ready.plan, following is None, stopping, test, watchdog))
             log.append(record)
             watchdog.beat()
             if on_step is not None:
                 on_step(record)
+            if stop and not stopping and following is not None:
+                stopping = True
+                self._stop_at_agreed_step(producer)
             ready, stages = following, Stages()
             self.stages = stages
+        if stopping:
+            self.run.stopped_by = self.stop.signal or "a signal on another worker"
+
+    def _stop_at_agreed_step(self, producer: PlanProducer) -> None:
+        """A worker got a stop signal: every worker ends after the same step and checkpoints it.
+
+        That step is the newest plan any worker's scheduler has made, so none
+        has gone past it yet (docs/design.md section 13).
+        """
+        producer.release(stop_after=self.roles.worker_max(producer.hold()))
+
+    def _after(self, plan: BatchPlan, last: bool, stopping: bool, test: Optional[BatchStore],
+               watchdog: Watchdog) -> dict:
+        """The checkpoint and the evaluation that follow iteration ``plan.step``, if due; their record fields.
+
+        The last plan always carries the scheduler's state; it is written when
+        checkpoints are on (one at the end) or the run stops on a signal.
+        """
+        fields: dict = {}
+        if plan.saved is not None and (not last or self.config.train.checkpoint_every or stopping):
+            self._flush_copies(plan)
+            fields["checkpoint"] = self._checkpoint(plan)
+            watchdog.beat()
+        evaluate = self.config.train.eval_every
+        if test is not None and not last and evaluate and (plan.step + 1) % evaluate == 0:
+            if "checkpoint" not in fields:
+                self._flush_copies(plan)
+            self.roles.worker_barrier()  # every worker's copies are at the PS before anyone reads
+            result = self.evaluate(test)
+            fields["evaluation"] = result
+            if result is not None:
+                self.run.evaluations.append({"step": plan.step, **result})
+            watchdog.beat()
+        return fields
+
+    def _flush_copies(self, plan: BatchPlan) -> None:
+        """Write copies of this worker's dirty rows to the PS, leaving the schedule as it is.
+
+        Afterwards the PS holds every row's latest value (what a checkpoint
+        or an evaluation reads), and the cluster state still says the rows
+        are dirty, so the run goes on exactly as without the copies. No read
+        of the next iteration can touch them: a dirty row another worker
+        needs was plan-pushed, so it is no longer dirty.
+        """
+        rows, slots = plan.dirty
+        self.table.put(rows, self.cache[slots]).wait()
+        self.run.flushed_rows += len(rows)
+
+    def _checkpoint(self, plan: BatchPlan) -> dict:
+        """Checkpoint iteration ``plan.step`` (collective over all ranks; after :meth:`_flush_copies`).
+
+        Worker 0 makes the temporary directory and, once every rank's
+        writes have reached the PS (the store barrier), tells the PS ranks to
+        write their rows; it writes the MLP, the optimizer and the
+        scheduler's state, collects every file's checksum and commits.
+        """
+        start = time.perf_counter()
+        lead = self.roles.worker == 0
+        staging = self.checkpoints.staging(plan.step) if lead else None
+        self.table.barrier()
+        self.roles.world.bcast({"op": "checkpoint", "step": plan.step}, root=0)
+        files = {}
+        if lead:
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
+                       staging / "dense.pt")
+            files["dense.pt"] = ckpt.file_record(staging / "dense.pt")
+            files["scheduler.npz"] = ckpt.write_arrays(staging / "scheduler.npz", plan.saved)
+        gathered = self.roles.world.gather(files, root=0)
+        entry = {"step": plan.step, "path": None, "seconds": 0.0}
+        if lead:
+            meta = ckpt.metadata(step=plan.step, training=self.config.training_dict(), fingerprint=self.data.fingerprint,
+                                 files={k: v for part in gathered for k, v in part.items()},
+                                 extra={"mode": self.config.scheduler.mode.value, "rows": self.table.ranges.n_rows,
+                                        "dim": self.table.dim, "dtype": self.dtype.name})
+            entry["path"] = str(self.checkpoints.commit(staging, meta).path)
+        entry["seconds"] = round(time.perf_counter() - start, 3)
+        self.run.checkpoints.append(entry)
+        return entry
+
+    def _serve(self) -> None:
+        """A PS rank's run: serve the workers; at each checkpoint write this rank's rows; until the end."""
+        index = self.roles.ps_ranks.index(self.roles.rank)
+        while True:
+            self.table.barrier()
+            command = self.roles.world.bcast(None, root=0)
+            if command["op"] == "end":
+                self._served = True
+                return
+            path = self.checkpoints.staging_path(command["step"]) / ckpt.shard_name(index)
+            record = ckpt.write_rows(path, self.table.shard)
+            self.roles.world.gather({ckpt.shard_name(index): record}, root=0)
+
+    def end_service(self) -> None:
+        """Workers: release the PS ranks from :meth:`_serve` (collective over all ranks, after evaluation)."""
+        if self.roles.is_ps or self._served:
+            return
+        self.table.barrier()
+        self.roles.world.bcast({"op": "end"}, root=0)
+        self._served = True
 
     def _ready(self, plan: BatchPlan, batch: GlobalBatch, prefetched, stages: Stages) -> _Ready:
         """The iteration's inputs as tensors: its samples' dense features, labels and row positions."""
@@ -262,7 +363,8 @@ class HybridTrainer:
         return _Ready(plan, batch, (dense, labels, index), prefetched)
 
     def _iteration(self, ready: _Ready, upcoming, plans, stages: Stages):
-        """One iteration (see the module docstring); returns the next iteration, ready, and the one after.
+        """One iteration (see the module docstring); returns the next iteration, ready, the one after, and
+        whether any worker was asked to stop.
 
         ``upcoming`` is the next (plan, batch): its prefetchable rows are read
         and its inputs prepared during this iteration, and the (plan, batch)
@@ -302,10 +404,10 @@ class HybridTrainer:
         with stages("push"):
             self.table.complete(*writes, *([ahead[0]] if ahead else []))  # ordering rule 2
         with stages("barrier"):
-            self.roles.worker_barrier()
+            stop = self.roles.worker_barrier_any(self.stop.requested)
         if ready.plan.snapshot is not None:
             self.verify_cache(ready.plan.snapshot)
-        return following, after
+        return following, after, stop
 
     def _prefetch(self, upcoming: BatchPlan) -> tuple[Handle, np.ndarray]:
         """Start reading the next iteration's prefetchable rows into a buffer (ordering rule 3)."""
@@ -401,7 +503,10 @@ class HybridTrainer:
                 "logloss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7)))}
 
     def close(self) -> None:
-        """Free the store (collective over all ranks)."""
+        """End the PS ranks' service if the run has not, and free the store (collective over all ranks)."""
+        if self.roles.is_ps and not self._served:
+            self._serve()
+        self.end_service()
         if self.hvd is not None:
             self.hvd.shutdown()
         self.table.close()

@@ -21,4 +21,19 @@ case "${1:-}" in
 esac
 command=(mpirun --allow-run-as-root --oversubscribe --bind-to none "${forward[@]}" "$@")
 echo "+ ${command[*]}" >&2
-exec timeout --signal=TERM --kill-after=30 "${HYBRID_MPI_TIMEOUT:-1800}" "${command[@]}"
+# mpirun kills the ranks a moment after it forwards a SIGTERM, but forwards SIGUSR1 and lets them
+# run: a SIGTERM or SIGINT sent here (a scheduler's time limit, Ctrl-C) reaches the ranks as
+# SIGUSR1, on which `hybrid train` checkpoints and exits 0. A second one interrupts it.
+timeout --signal=TERM --kill-after=30 "${HYBRID_MPI_TIMEOUT:-1800}" "${command[@]}" &
+launched=$!
+stop_gracefully() {
+    echo "launch/mpirun.sh: $1: sending SIGUSR1 to the ranks (checkpoint and stop)" >&2
+    pkill -USR1 -P "$launched" -x mpirun || true
+}
+trap 'stop_gracefully SIGTERM' TERM
+trap 'stop_gracefully SIGINT' INT
+while true; do
+    status=0
+    wait "$launched" || status=$?
+    kill -0 "$launched" 2>/dev/null || exit "$status"
+done

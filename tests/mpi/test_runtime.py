@@ -86,6 +86,32 @@ def test_training_reports_throughput_transmissions_and_auc(store_path, tmp_path_
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
+def test_periodic_evaluation_is_logged_with_its_iteration_and_changes_nothing(store_path, tmp_path_factory):
+    """eval_every=10 over 30 iterations: evaluations after 9 and 19, and the same schedule and loss as without."""
+    world = MPI.COMM_WORLD
+    out = Path(world.bcast(str(tmp_path_factory.mktemp("eval")) if world.rank == 0 else None))
+    runs = {}
+    for every in (0, 10):
+        summary = train_job.run(_config(store_path, "train.iterations=30", f"train.eval_every={every}",
+                                        "model.precision=float64"),
+                                progress=False, log_path=str(out / f"log-{every}.jsonl"))
+        runs[every] = summary
+    if world.rank != 0:
+        return
+    logs = {every: [json.loads(line) for line in (out / f"log-{every}.jsonl").read_text().splitlines()]
+            for every in runs}
+    assert [r["digest"] for r in logs[10]] == [r["digest"] for r in logs[0]]
+    assert [r["step"] for r in logs[10] if "evaluation" in r] == [9, 19]
+    assert [e["step"] for e in runs[10]["evaluations"]] == [9, 19]
+    assert all(0.0 <= e["auc"] <= 1.0 and e["samples"] == 600 for e in runs[10]["evaluations"])
+    assert runs[10]["evaluations"][0]["auc"] != runs[10]["evaluation"]["auc"]  # an earlier model
+    assert runs[10]["train_loss"] == pytest.approx(runs[0]["train_loss"], abs=1e-12)
+    assert runs[10]["evaluation"]["auc"] == pytest.approx(runs[0]["evaluation"]["auc"], abs=1e-9)
+    assert runs[10]["checkpoint_rows"]["flushed"] > 0 and runs[0]["checkpoint_rows"]["flushed"] == 0
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["vanilla", "herald"])
 def test_the_cache_verification_passes_and_catches_a_corrupted_row(store_path, mode):
     world = MPI.COMM_WORLD

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import mpi_jobs
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -60,20 +62,6 @@ def test_a_hung_worker_is_reported_by_the_watchdog_and_the_job_ends(tmp_path):
     assert ended - hung < 4 + 10, f"the job ended {ended - hung:.1f} s after the hang:\n{output}"
 
 
-def _rank_pids(parent: int) -> dict:
-    """World rank -> pid of the MPI processes mpirun (``parent``) forked on this host."""
-    pids = {}
-    for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
-        try:
-            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for item in environ:
-            if item.startswith(b"OMPI_COMM_WORLD_RANK="):
-                pids[int(item.split(b"=", 1)[1])] = int(child)
-    return pids
-
-
 @pytest.mark.parametrize("victim", [1, 3], ids=["worker", "ps"])
 def test_a_rank_killed_mid_run_ends_the_job_within_30_seconds_naming_it(tmp_path, victim):
     """kill -9 of a worker or of the PS rank while training: a non-zero exit, the rank named, no hang."""
@@ -87,17 +75,11 @@ def test_a_rank_killed_mid_run_ends_the_job_within_30_seconds_naming_it(tmp_path
     command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "4",
                sys.executable, "-m", "hybrid", "train", "configs/w1-smoke.yaml", f"data.path={tmp_path / 'store'}",
                "train.batch_per_worker=16", "--no-progress", "--log-jsonl", str(log)]
-    # env: Python's copy, without what an MPI singleton of this process (another test) set at C level
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=dict(os.environ))
+    process = mpi_jobs.start(command)
     try:
-        deadline = time.monotonic() + 120
-        while not (log.is_file() and len(log.read_text().splitlines()) >= 5):  # training is under way
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise AssertionError(f"training did not start:\n{process.communicate()[0]}")
-            time.sleep(0.2)
-        pid = _rank_pids(process.pid)[victim]
+        mpi_jobs.wait_for(process, lambda: log.is_file() and len(log.read_text().splitlines()) >= 5,
+                          "training under way")
+        pid = mpi_jobs.rank_pids(process.pid)[victim]
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         output, _ = process.communicate(timeout=60)

@@ -115,3 +115,41 @@ def test_simulate_rejects_unknown_modes(criteo_like, capsys):
     assert main(["simulate", "--config", "configs/w1-smoke.yaml", f"data.path={criteo_like}",
                  "--modes", "vanilla,turbo"]) == 1
     assert "--modes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("settings", [
+    ["scheduler.mode=vanilla"],
+    ["scheduler.mode=herald", "cache.policy=lfu"],
+    ["scheduler.mode=herald", "scheduler.laia=adaptive", "scheduler.score_tables=6"],
+], ids=["vanilla", "herald-lfu", "herald-adaptive"])
+def test_a_scheduler_resumed_from_saved_arrays_makes_the_same_plans(criteo_like, settings, tmp_path):
+    """Saved at plan 40 (through an .npz file), a fresh scheduler of another worker continues identically."""
+    store = BatchStore(criteo_like)
+    config = _config(criteo_like, *settings)
+    full = _digests(config, store, 120)
+    scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, worker=0)
+    for plan in scheduler.plans(b.sparse for b in store.batches(config.global_batch)):
+        if plan.step == 40:
+            np.savez(tmp_path / "scheduler.npz", **scheduler.save_arrays())
+            break
+    with np.load(tmp_path / "scheduler.npz", allow_pickle=False) as saved:
+        arrays = dict(saved)
+    assert int(arrays["next_step"]) == 41
+    resumed = Scheduler.from_config(config, cardinalities=store.cardinalities, worker=2)
+    batches = (b.sparse for b in store.batches(config.global_batch, start_batch=41))
+    plans = [(plan.step, plan.digest) for plan, _ in zip(resumed.plans(batches, resume=arrays), range(79))]
+    assert plans == list(enumerate(full))[41:]
+
+
+def test_a_saved_state_of_another_shape_is_refused(criteo_like):
+    store = BatchStore(criteo_like)
+    scheduler = Scheduler.from_config(_config(criteo_like), cardinalities=store.cardinalities, worker=0)
+    next(scheduler.plans(b.sparse for b in store.batches(64)))
+    arrays = scheduler.save_arrays()
+    other = Scheduler.from_config(_config(criteo_like, "cache.ratio=0.3"), cardinalities=store.cardinalities)
+    with pytest.raises(ValueError, match="saved cluster state has"):
+        next(other.plans((b.sparse for b in store.batches(64, start_batch=1)), resume=arrays))
+    damaged = dict(arrays, **{"state.lru_next": np.full_like(arrays["state.lru_next"], 10**6)})
+    fresh = Scheduler.from_config(_config(criteo_like), cardinalities=store.cardinalities)
+    with pytest.raises(ValueError, match="lru_next links outside the cache"):
+        next(fresh.plans((b.sparse for b in store.batches(64, start_batch=1)), resume=damaged))

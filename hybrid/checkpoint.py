@@ -1,0 +1,229 @@
+"""Checkpoints on disk: layout, atomic commit, checksums, and choosing one to resume from.
+
+docs/design.md section 13. A checkpoint is a directory ``step-<t>`` (the last
+trained iteration ``t``) under the run's checkpoint directory::
+
+    meta.json       format, step, the config and data it belongs to, each file's size and SHA-256
+    dense.pt        the MLP and its optimizer (worker 0; loaded with torch.load(weights_only=True))
+    scheduler.npz   the scheduler's state after iteration t (worker 0; NumPy, no pickle)
+    ps-<i>.npy      the rows of PS rank i (written by that rank, streamed in chunks)
+
+Every rank writes its files into ``.tmp-step-<t>``; worker 0 then writes
+``meta.json`` and renames the directory, so a directory named ``step-*``
+with a ``meta.json`` is complete, and a crash mid-write leaves only a
+temporary directory (removed by the next checkpoint). This module does the
+file work; which rank writes what, and when, is the trainer's (section 13).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+FORMAT = 1
+META = "meta.json"
+CHUNK_BYTES = 64 << 20  # rows are written and read this much at a time: never a whole table in memory
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be written, or none can be resumed from."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint directory and its metadata."""
+
+    path: Path
+    meta: dict
+
+    @property
+    def step(self) -> int:
+        """The last iteration it includes."""
+        return int(self.meta["step"])
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+
+def shard_name(index: int) -> str:
+    return f"ps-{index}.npy"
+
+
+class CheckpointDir:
+    """The checkpoints of one run: staging, commit, pruning to the newest ``keep``, listing."""
+
+    def __init__(self, root: Path | str, keep: int = 2):
+        self.root, self.keep = Path(root), keep
+
+    def staging_path(self, step: int) -> Path:
+        """Where every rank writes its files of the checkpoint of ``step`` before the commit."""
+        return self.root / f".tmp-step-{step:09d}"
+
+    def staging(self, step: int) -> Path:
+        """An empty :meth:`staging_path` (a leftover of a crashed attempt is removed)."""
+        path = self.staging_path(step)
+        try:
+            if path.exists():
+                shutil.rmtree(path)
+            path.mkdir(parents=True)
+        except OSError as err:
+            raise CheckpointError(f"cannot create checkpoint directory {path}: {err}; "
+                                  f"set train.checkpoint_dir to a writable directory") from None
+        return path
+
+    def commit(self, staging: Path, meta: dict) -> Checkpoint:
+        """Write ``meta.json`` last and rename ``staging`` to ``step-<t>``; then keep the newest ``keep``."""
+        final = self.root / f"step-{int(meta['step']):09d}"
+        _write_synced(staging / META, (json.dumps(meta, indent=2) + "\n").encode())
+        if final.exists():  # the same step saved again (e.g. a resumed run stopped at once)
+            shutil.rmtree(final)
+        os.rename(staging, final)
+        _sync_directory(self.root)
+        for old in self.complete()[self.keep:]:
+            shutil.rmtree(old.path, ignore_errors=True)
+        return Checkpoint(final, meta)
+
+    def complete(self) -> list[Checkpoint]:
+        """Complete checkpoints, newest first (directories with a readable ``meta.json`` of this format)."""
+        found = []
+        for path in self.root.glob("step-*") if self.root.is_dir() else ():
+            try:
+                meta = json.loads((path / META).read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(meta, dict) and meta.get("format") == FORMAT and isinstance(meta.get("step"), int):
+                found.append(Checkpoint(path, meta))
+        return sorted(found, key=lambda c: c.step, reverse=True)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sync_directory(path: Path) -> None:
+    """Make a rename durable: fsync the directory holding it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_record(path: Path) -> dict:
+    """Size and SHA-256 of a written file (read in chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK_BYTES), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def write_rows(path: Path, rows: np.ndarray) -> dict:
+    """Write ``rows`` (a 2-D array, e.g. a PS shard in window memory) as ``.npy`` in chunks; its record.
+
+    The chunks are hashed as they are written, so a shard is read from
+    memory once and never copied whole.
+    """
+    digest = hashlib.sha256()
+    header = {"descr": np.lib.format.dtype_to_descr(rows.dtype), "fortran_order": False, "shape": rows.shape}
+    per_chunk = max(1, CHUNK_BYTES // max(1, rows.strides[0]))
+    prefix = io.BytesIO()
+    np.lib.format.write_array_header_1_0(prefix, header)
+    with open(path, "wb") as f:
+        f.write(prefix.getvalue())
+        digest.update(prefix.getvalue())
+        for begin in range(0, len(rows), per_chunk):
+            block = np.ascontiguousarray(rows[begin:begin + per_chunk]).data
+            f.write(block)
+            digest.update(block)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def read_rows_into(path: Path, out: np.ndarray) -> None:
+    """Copy the rows of a ``.npy`` written by :func:`write_rows` into ``out``, a chunk at a time."""
+    saved = np.load(path, mmap_mode="r", allow_pickle=False)
+    if saved.shape != out.shape or saved.dtype != out.dtype:
+        raise CheckpointError(f"{path}: holds {saved.shape} {saved.dtype}, expected {out.shape} {out.dtype}")
+    per_chunk = max(1, CHUNK_BYTES // max(1, out.strides[0]))
+    for begin in range(0, len(out), per_chunk):
+        out[begin:begin + per_chunk] = saved[begin:begin + per_chunk]
+    del saved
+
+
+def write_arrays(path: Path, arrays: dict) -> dict:
+    """Save named arrays as ``.npz`` (no pickled objects); its record."""
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    return file_record(path)
+
+
+def read_arrays(path: Path) -> dict:
+    """Named arrays of :func:`write_arrays`, refusing anything that would need unpickling."""
+    with np.load(path, allow_pickle=False) as saved:
+        return {name: saved[name] for name in saved.files}
+
+
+def verify(checkpoint: Checkpoint, names: list[str]) -> Optional[str]:
+    """Why the named files of ``checkpoint`` cannot be used (missing, truncated, changed), or None."""
+    records = checkpoint.meta.get("files", {})
+    for name in names:
+        path = checkpoint.file(name)
+        if name not in records:
+            return f"{name} is not listed in its {META}"
+        if not path.is_file():
+            return f"{name} is missing"
+        expected = records[name]
+        size = path.stat().st_size
+        if size != expected.get("bytes"):
+            return f"{name} has {size} bytes, {expected.get('bytes')} were written (truncated or replaced)"
+        if file_record(path)["sha256"] != expected.get("sha256"):
+            return f"{name} does not match its SHA-256 (corrupted)"
+    return None
+
+
+def mismatch(checkpoint: Checkpoint, training: dict, fingerprint: str) -> Optional[str]:
+    """Why ``checkpoint`` belongs to another run (config keys or data that differ), or None."""
+    meta = checkpoint.meta
+    if meta.get("data_fingerprint") != fingerprint:
+        return (f"it was written for data with fingerprint {meta.get('data_fingerprint')}, this store has "
+                f"{fingerprint}")
+    saved = meta.get("config", {})
+    differing = sorted(key for key in _flatten(training).keys() | _flatten(saved).keys()
+                       if _flatten(training).get(key) != _flatten(saved).get(key))
+    if differing:
+        shown = ", ".join(f"{k} (checkpoint {_flatten(saved).get(k)!r}, now {_flatten(training).get(k)!r})"
+                          for k in differing[:5])
+        return f"it was written by another config: {shown}"
+    return None
+
+
+def _flatten(values: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def metadata(*, step: int, training: dict, fingerprint: str, files: dict, extra: dict) -> dict:
+    """The ``meta.json`` of a checkpoint of iteration ``step``."""
+    return {"format": FORMAT, "step": step, "next_step": step + 1,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "data_fingerprint": fingerprint,
+            "config": training, "files": files, **extra}

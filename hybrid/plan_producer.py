@@ -1,0 +1,126 @@
+"""The scheduler thread of a worker: plans made ahead of training, and where it saves its state.
+
+Each worker runs its scheduler one or more batches ahead of its training loop
+(docs/design.md section 11), so by the time iteration ``t`` ends, its cluster
+state has moved past ``t``. What a checkpoint or a mid-run evaluation needs
+from the scheduler is therefore taken here, when plan ``t`` is made, and
+travels with it: the scheduler's arrays (``BatchPlan.saved``) and this
+worker's dirty rows (``BatchPlan.dirty``).
+
+Steps known in advance (every ``checkpoint_every``, every ``eval_every``, the
+last) are marked as the plans are made. A stop on a signal (section 13) picks
+its step at run time: :meth:`PlanProducer.hold` parks the thread at its
+newest plan and says which; the workers take the largest such step over all
+of them, which no worker's scheduler has passed yet, and
+:meth:`PlanProducer.release` lets each thread run to it, mark it and end.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from typing import Callable, Iterable, Iterator, Optional
+
+from hybrid.data.store import GlobalBatch
+from hybrid.scheduler import BatchPlan, Scheduler
+
+
+class _End:
+    """Typed end marker of the plan queue."""
+
+
+class PlanProducer:
+    """Runs the scheduler ahead of training in a thread, handing (plan, batch) pairs over a bounded queue.
+
+    The thread is the only reader of ``batches``: each plan travels with the
+    global batch it was made from. ``marks(step)`` says whether plan ``step``
+    carries the saved state and/or the dirty rows (``(save, dirty)``); the
+    plan of ``last_step`` always carries both.
+    """
+
+    def __init__(self, scheduler: Scheduler, batches: Iterable[GlobalBatch], *, last_step: int,
+                 marks: Callable[[int], tuple[bool, bool]] = lambda step: (False, False),
+                 resume: Optional[dict] = None, depth: int = 2):
+        self.scheduler, self.marks, self.last_step = scheduler, marks, last_step
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._hold, self._held, self._released = threading.Event(), threading.Event(), threading.Event()
+        self._stop_after: Optional[int] = None
+        self._newest = -1  # step of the newest plan made (the scheduler's state is the one after it)
+        self._thread = threading.Thread(target=self._run, args=(batches, resume), daemon=True, name="scheduler")
+        self._thread.start()
+
+    def _run(self, batches: Iterable[GlobalBatch], resume: Optional[dict]) -> None:
+        pending: collections.deque = collections.deque()
+
+        def sparse():
+            for batch in batches:
+                pending.append(batch)
+                yield batch.sparse
+
+        try:
+            for plan in self.scheduler.plans(sparse(), resume):
+                self._newest = plan.step
+                save, dirty = self.marks(plan.step)
+                final = plan.step == self.last_step or plan.step == self._stop_after
+                self._mark(plan, save or final, dirty or final)
+                if not self._put((plan, pending.popleft())):
+                    return
+                if self._stop_after is not None and plan.step >= self._stop_after:
+                    break
+            self._put(_End())
+        except BaseException as err:  # handed to the consumer, which re-raises it
+            self._put(err)
+
+    def _mark(self, plan: BatchPlan, save: bool, dirty: bool) -> None:
+        """Attach what the end of ``plan``'s iteration needs; the scheduler is still right after ``plan``."""
+        if save and plan.saved is None:
+            plan.saved = self.scheduler.save_arrays()
+        if dirty and plan.dirty is None:
+            plan.dirty = self.scheduler.state.dirty_slots(self.scheduler.state.focus)
+
+    def _put(self, item) -> bool:
+        """Queue ``item`` unless closed meanwhile (parking when held); returns whether it was queued."""
+        while not self._stop.is_set():
+            if self._hold.is_set():
+                self._park()
+                if isinstance(item, tuple) and item[0].step == self._stop_after:
+                    self._mark(item[0], True, True)
+            try:
+                self._queue.put(item, timeout=0.01)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _park(self) -> None:
+        self._held.set()
+        self._released.wait()
+
+    def hold(self) -> int:
+        """Park the thread at its newest plan; returns that plan's step (the last one if it has ended)."""
+        self._hold.set()
+        while not self._held.wait(0.01):
+            if not self._thread.is_alive():
+                break
+        return self._newest
+
+    def release(self, stop_after: int) -> None:
+        """Let a held thread go on to plan ``stop_after`` (>= the step :meth:`hold` returned), mark it and end."""
+        self._stop_after = stop_after
+        self._hold.clear()
+        self._released.set()
+
+    def __iter__(self) -> Iterator[tuple[BatchPlan, GlobalBatch]]:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, _End):
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._released.set()
+        self._thread.join(timeout=5)

@@ -1,0 +1,41 @@
+"""Helpers for tests that start their own ``mpirun`` jobs and act on single ranks."""
+import os
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rank_pids(parent: int) -> dict:
+    """World rank -> pid of the MPI processes mpirun (``parent``) forked on this host."""
+    pids = {}
+    for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+        try:
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in environ:
+            if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                pids[int(item.split(b"=", 1)[1])] = int(child)
+    return pids
+
+
+def start(command: list) -> subprocess.Popen:
+    """Start ``command`` in the repository, output merged.
+
+    ``env``: Python's copy of the environment, without what an MPI singleton
+    of this test process (another test) set at C level.
+    """
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ))
+
+
+def wait_for(process: subprocess.Popen, ready, what: str, timeout: float = 120) -> None:
+    """Poll ``ready()`` until true; kill the job and fail with its output if it ends or time runs out first."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"{what} did not happen:\n{process.communicate()[0]}")
+        time.sleep(0.02)

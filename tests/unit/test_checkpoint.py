@@ -1,0 +1,85 @@
+"""Checkpoint files: atomic commit, pruning, streamed rows, damage and mismatch found before use."""
+import json
+
+import numpy as np
+import pytest
+
+from hybrid import checkpoint as ckpt
+from hybrid.config import load_config
+
+
+def _commit(directory: ckpt.CheckpointDir, step: int, rows: np.ndarray) -> ckpt.Checkpoint:
+    staging = directory.staging(step)
+    files = {"ps-0.npy": ckpt.write_rows(staging / "ps-0.npy", rows),
+             "scheduler.npz": ckpt.write_arrays(staging / "scheduler.npz", {"next_alloc": np.arange(4)})}
+    return directory.commit(staging, ckpt.metadata(step=step, training={"seed": 0}, fingerprint="f", files=files,
+                                                   extra={}))
+
+
+def test_commit_is_atomic_keeps_the_newest_and_ignores_unfinished_ones(tmp_path):
+    directory = ckpt.CheckpointDir(tmp_path, keep=2)
+    rows = np.arange(12, dtype=np.float64).reshape(4, 3)
+    for step in (9, 19, 29):
+        _commit(directory, step, rows + step)
+    directory.staging(39)  # a crash while writing step 39: only a temporary directory
+    (tmp_path / "step-000000049").mkdir()  # a directory without meta.json is not a checkpoint
+    assert [c.step for c in directory.complete()] == [29, 19]
+    assert not (tmp_path / "step-000000009").exists()
+    assert (tmp_path / ".tmp-step-000000039").exists()
+    newest = directory.complete()[0]
+    assert ckpt.verify(newest, ["ps-0.npy", "scheduler.npz"]) is None
+    out = np.empty_like(rows)
+    ckpt.read_rows_into(newest.file("ps-0.npy"), out)
+    assert np.array_equal(out, rows + 29)
+
+
+def test_rows_are_written_and_read_in_chunks_equal_to_numpy_save(tmp_path, monkeypatch):
+    monkeypatch.setattr(ckpt, "CHUNK_BYTES", 100)  # many chunks, and a last short one
+    rows = np.random.default_rng(0).standard_normal((37, 5)).astype(np.float32)
+    record = ckpt.write_rows(tmp_path / "rows.npy", rows)
+    assert np.array_equal(np.load(tmp_path / "rows.npy"), rows)
+    assert record == ckpt.file_record(tmp_path / "rows.npy")
+    out = np.zeros_like(rows)
+    ckpt.read_rows_into(tmp_path / "rows.npy", out)
+    assert np.array_equal(out, rows)
+    with pytest.raises(ckpt.CheckpointError, match=r"holds \(37, 5\) float32, expected \(37, 6\)"):
+        ckpt.read_rows_into(tmp_path / "rows.npy", np.zeros((37, 6), np.float32))
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("truncate", "ps-0.npy has 200 bytes, 224 were written (truncated or replaced)"),
+    ("flip", "ps-0.npy does not match its SHA-256 (corrupted)"),
+    ("delete", "ps-0.npy is missing"),
+])
+def test_a_damaged_file_is_named_with_what_is_wrong(tmp_path, damage, reason):
+    checkpoint = _commit(ckpt.CheckpointDir(tmp_path), 9, np.ones((4, 3)))
+    path = checkpoint.file("ps-0.npy")
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        path.write_bytes(data[:200])
+    elif damage == "flip":
+        data[-1] ^= 0xFF
+        path.write_bytes(data)
+    else:
+        path.unlink()
+    assert ckpt.verify(checkpoint, ["ps-0.npy"]) == reason
+    assert ckpt.verify(checkpoint, ["scheduler.npz"]) is None
+    assert ckpt.verify(checkpoint, ["dense.pt"]) == "dense.pt is not listed in its meta.json"
+
+
+def test_arrays_that_would_need_unpickling_are_refused(tmp_path):
+    np.savez(tmp_path / "evil.npz", payload=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(ValueError, match="allow_pickle"):
+        ckpt.read_arrays(tmp_path / "evil.npz")
+
+
+def test_a_checkpoint_of_another_config_or_data_names_what_differs(tmp_path):
+    config = load_config(None, ["train.embedding_lr=0.5"])
+    checkpoint = ckpt.Checkpoint(tmp_path, ckpt.metadata(step=3, training=config.training_dict(), fingerprint="abc",
+                                                         files={}, extra={}))
+    assert ckpt.mismatch(checkpoint, config.training_dict(), "abc") is None
+    changed = load_config(None, ["train.embedding_lr=0.25", "train.checkpoint_every=5", "train.watchdog_seconds=9"])
+    assert ckpt.mismatch(checkpoint, changed.training_dict(), "abc") == \
+        "it was written by another config: train.embedding_lr (checkpoint 0.5, now 0.25)"
+    assert "fingerprint abc, this store has xyz" in ckpt.mismatch(checkpoint, config.training_dict(), "xyz")
+    json.dumps(checkpoint.meta)  # meta.json is plain JSON

@@ -1,0 +1,143 @@
+"""Checkpoints and resume through real ``hybrid train`` jobs (docs/design.md section 9).
+
+A run killed (kill -9 of a worker or of the PS rank) or stopped by a signal,
+then resumed from its newest checkpoint, ends with the model of the run that
+was never interrupted, and its scheduler makes the same allocations and
+events from the step it resumed at. The float64 values are compared to
+1e-12, not bit for bit: Accumulates of a row that several workers train
+reach the PS in arrival order, so two uninterrupted runs already differ in
+the last bits (about 1e-16).
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import mpi_jobs
+
+ITERATIONS = 200
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "4"]
+
+
+def _train_args(store: Path, checkpoints: Path, log: Path, *extra: str) -> list:
+    return [sys.executable, "-m", "hybrid", "train", "configs/w1-smoke.yaml", f"data.path={store}",
+            "train.batch_per_worker=16", f"train.iterations={ITERATIONS}", "model.precision=float64",
+            "train.checkpoint_every=40", "train.checkpoint_keep=3", f"train.checkpoint_dir={checkpoints}",
+            "--no-progress", "--log-jsonl", str(log), *extra]
+
+
+def _run(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(MPIRUN + list(args), cwd=mpi_jobs.ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ))
+
+
+def _digests(log: Path) -> dict:
+    import json
+
+    return {r["step"]: r["digest"] for r in map(json.loads, log.read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run: its store, checkpoints (steps 119, 159, 199) and per-step digests."""
+    from hybrid.data.synthetic import synthesize
+
+    root = tmp_path_factory.mktemp("resume")
+    synthesize(root / "store", like="criteo-kaggle", rows=20000, scale=0.001, seed=1)
+    result = _run(*_train_args(root / "store", root / "checkpoints", root / "log.jsonl"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(p.name for p in (root / "checkpoints").iterdir()) == \
+        ["step-000000119", "step-000000159", "step-000000199"]
+    return root
+
+
+def _assert_same_model(final: Path, reference: Path) -> None:
+    """Final tables and MLP of two runs equal to 1e-12 (see the module docstring)."""
+    np.testing.assert_allclose(np.load(final / "ps-0.npy"), np.load(reference / "ps-0.npy"), rtol=0, atol=1e-12)
+    mine = torch.load(final / "dense.pt", weights_only=True)
+    theirs = torch.load(reference / "dense.pt", weights_only=True)
+    for name, tensor in theirs["model"].items():
+        np.testing.assert_allclose(mine["model"][name].numpy(), tensor.numpy(), rtol=0, atol=1e-12, err_msg=name)
+
+
+def _resume_and_compare(reference: Path, checkpoints: Path, tmp_path: Path, *extra: str) -> str:
+    log = tmp_path / "resumed.jsonl"
+    result = _run(*_train_args(reference / "store", checkpoints, log, "--resume", *extra))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    _assert_same_model(checkpoints / "step-000000199", reference / "checkpoints" / "step-000000199")
+    resumed, uninterrupted = _digests(log), _digests(reference / "log.jsonl")
+    assert resumed and max(resumed) == ITERATIONS - 1
+    assert resumed == {step: uninterrupted[step] for step in resumed}, "the resumed schedule differs"
+    return output
+
+
+@pytest.mark.parametrize("victim", [1, 3], ids=["worker", "ps"])
+def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_model(reference, tmp_path, victim):
+    checkpoints = tmp_path / "checkpoints"
+    process = mpi_jobs.start(MPIRUN + _train_args(reference / "store", checkpoints, tmp_path / "killed.jsonl"))
+    try:
+        mpi_jobs.wait_for(process, lambda: (checkpoints / "step-000000039" / "meta.json").is_file(),
+                          "the first checkpoint")
+        os.kill(mpi_jobs.rank_pids(process.pid)[victim], signal.SIGKILL)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode != 0, output
+    assert not (checkpoints / "step-000000199").exists(), "the run finished before the kill"
+    output = _resume_and_compare(reference, checkpoints, tmp_path)
+    assert "resuming from" in output and "step-000000199" not in output.split("resuming from")[1].split("\n")[0]
+
+
+def test_sigterm_to_the_launcher_checkpoints_exits_0_and_the_run_resumes(reference, tmp_path):
+    """SLURM's SIGTERM before a time limit: every rank saves and leaves with 0; --resume finishes the run."""
+    checkpoints, log = tmp_path / "checkpoints", tmp_path / "stopped.jsonl"
+    launcher = ["bash", str(mpi_jobs.ROOT / "launch" / "mpirun.sh"), "-n", "4"]
+    process = mpi_jobs.start(launcher + _train_args(reference / "store", checkpoints, log, "train.checkpoint_every=0"))
+    try:
+        mpi_jobs.wait_for(process, lambda: log.is_file() and len(log.read_text().splitlines()) >= 50,
+                          "50 iterations")
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    stopped = max(_digests(log))
+    assert stopped < ITERATIONS - 1
+    assert f"stopped by SIGUSR1 after iteration {stopped}; continue with --resume" in output, output
+    assert [p.name for p in checkpoints.iterdir()] == [f"step-{stopped:09d}"]
+    # the resumed run may change what does not alter the result: here, only a final checkpoint
+    _resume_and_compare(reference, checkpoints, tmp_path, f"train.checkpoint_every={ITERATIONS}")
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(reference, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(reference / "checkpoints", checkpoints)
+    shutil.rmtree(checkpoints / "step-000000199")  # as if killed before the end
+    shard = checkpoints / "step-000000159" / "ps-0.npy"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(data)
+    output = _resume_and_compare(reference, checkpoints, tmp_path)
+    assert "skipped damaged checkpoint(s): step-000000159: ps-0.npy does not match its SHA-256 (corrupted)" \
+        in output, output
+    assert "resuming from" in output and "step-000000119 (after iteration 119)" in output, output
+
+
+def test_a_checkpoint_of_another_config_is_refused_and_a_finished_run_is_left_alone(reference, tmp_path):
+    args = _train_args(reference / "store", reference / "checkpoints", tmp_path / "log.jsonl", "--resume")
+    result = _run(*args, "train.embedding_lr=0.2")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "belongs to another run: it was written by another config: train.embedding_lr (checkpoint 0.1, " \
+           "now 0.2)" in output, output
+    result = _run(*args)
+    assert result.returncode == 0 and "is the end of this run (iteration 199); nothing to resume" in result.stderr
