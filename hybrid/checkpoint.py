@@ -28,6 +28,8 @@ from typing import Optional
 
 import numpy as np
 
+from hybrid.config import flatten
+
 FORMAT = 1
 META = "meta.json"
 CHUNK_BYTES = 64 << 20  # rows are written and read this much at a time: never a whole table in memory
@@ -202,24 +204,12 @@ def mismatch(checkpoint: Checkpoint, training: dict, fingerprint: str) -> Option
     if meta.get("data_fingerprint") != fingerprint:
         return (f"it was written for data with fingerprint {meta.get('data_fingerprint')}, this store has "
                 f"{fingerprint}")
-    saved = meta.get("config", {})
-    differing = sorted(key for key in _flatten(training).keys() | _flatten(saved).keys()
-                       if _flatten(training).get(key) != _flatten(saved).get(key))
+    saved, now = flatten(meta.get("config", {})), flatten(training)
+    differing = sorted(key for key in now.keys() | saved.keys() if now.get(key) != saved.get(key))
     if differing:
-        shown = ", ".join(f"{k} (checkpoint {_flatten(saved).get(k)!r}, now {_flatten(training).get(k)!r})"
-                          for k in differing[:5])
+        shown = ", ".join(f"{k} (checkpoint {saved.get(k)!r}, now {now.get(k)!r})" for k in differing[:5])
         return f"it was written by another config: {shown}"
     return None
-
-
-def _flatten(values: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def metadata(*, step: int, training: dict, fingerprint: str, files: dict, extra: dict) -> dict:

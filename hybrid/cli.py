@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -166,6 +167,11 @@ def _finite(value):
 
 def cmd_config(args) -> int:
     config = load_config(args.config, args.overrides)
+    if args.layout:  # for launch scripts: eval "$(hybrid config CONFIG --layout)"
+        print(f"HYBRID_WORKERS={config.cluster.workers} HYBRID_PS={config.cluster.ps} "
+              f"HYBRID_RANKS={config.cluster.workers + config.cluster.ps} "
+              f"HYBRID_CHECKPOINT_DIR={shlex.quote(str(config.checkpoint_path))}")
+        return 0
     print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
     print(f"# digest {config.digest()}")
     return 0
@@ -402,6 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="print a resolved workload config")
     p.add_argument("config")
+    p.add_argument("--layout", action="store_true",
+                   help="print HYBRID_WORKERS=.. HYBRID_PS=.. HYBRID_RANKS=.. HYBRID_CHECKPOINT_DIR=.. (for launchers)")
     p.add_argument("overrides", nargs="*")
     p.set_defaults(func=cmd_config)
 

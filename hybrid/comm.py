@@ -126,18 +126,34 @@ def _machine_id() -> str:
         return MPI.Get_processor_name()
 
 
-def check_agreement(world: MPI.Comm, **values: str) -> None:
-    """Raise :class:`AgreementError` on every rank unless all ranks passed equal values (collective)."""
-    everyone = world.allgather(values)
+def check_agreement(world: MPI.Comm, explain: dict | None = None, **values: str) -> None:
+    """Raise :class:`AgreementError` on every rank unless all ranks passed equal values (collective).
+
+    ``explain`` maps a key to this rank's flat ``{name: value}`` dict behind
+    it (e.g. the config's keys behind its digest): a disagreement then also
+    names the entries that differ, not only two digests.
+    """
+    everyone = world.allgather((values, explain or {}))
     for key in values:
-        seen = [v.get(key) for v in everyone]
+        seen = [v.get(key) for v, _ in everyone]
         if len(set(seen)) > 1:
             groups: dict = {}
             for rank, value in enumerate(seen):
                 groups.setdefault(value, []).append(rank)
             detail = "; ".join(f"ranks {ranks}: {value}" for value, ranks in groups.items())
-            raise AgreementError(f"ranks disagree on {key} ({detail}); every rank must use the same "
-                                 f"config file, overrides and data store")
+            differing = _differing([everyone[ranks[0]][1].get(key, {}) for ranks in groups.values()])
+            raise AgreementError(f"ranks disagree on {key} ({detail}){differing}; every rank must use the "
+                                 f"same config file, overrides and data store")
+
+
+def _differing(versions: list[dict]) -> str:
+    """'': nothing to compare; else ', differing in a (1 vs 2), b (...)' over the first five entries."""
+    names = sorted({name for version in versions for name in version
+                    if len({repr(v.get(name)) for v in versions}) > 1})
+    if not names:
+        return ""
+    shown = ", ".join(f"{name} ({' vs '.join(repr(v.get(name)) for v in versions)})" for name in names[:5])
+    return f", differing in {shown}"
 
 
 def idle_barrier(comm: MPI.Comm, poll_seconds: float = 0.001) -> None:

@@ -201,6 +201,17 @@ RUN_ONLY_KEYS = ("train.checkpoint_every", "train.checkpoint_keep", "train.check
                  "train.watchdog_seconds", "train.eval_every", "train.verify_cache", "cluster.transport")
 
 
+def flatten(values: dict, prefix: str = "") -> dict:
+    """Nested dicts as one dict of dotted keys (``{'train': {'seed': 0}}`` -> ``{'train.seed': 0}``)."""
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def _digest(values: dict) -> str:
     text = json.dumps(values, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]

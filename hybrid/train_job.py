@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from hybrid import checkpoint as ckpt
 from hybrid.comm import check_agreement, split_roles
-from hybrid.config import Config
+from hybrid.config import Config, flatten
 from hybrid.data.store import BatchStore, StoreError
 from hybrid.link_counters import difference, link_bytes
 from hybrid.preemption import StopRequest
@@ -58,7 +58,8 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
     world = MPI.COMM_WORLD
     roles = split_roles(config.cluster.workers, config.cluster.ps, world)
     train, test, fingerprint = _open_stores(config)
-    check_agreement(world, config=config.digest(), data=fingerprint)
+    check_agreement(world, config=config.digest(), data=fingerprint,
+                    explain={"config": flatten(config.to_dict())})
     if train is None:
         raise StoreError(f"{config.data.path}: {fingerprint}; every rank failed to read it")
     if train.num_batches(config.global_batch) == 0:
@@ -175,11 +176,13 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
     row_bytes = config.model.embedding_dim * np.dtype(config.model.precision.value).itemsize
     pulls, pushes = int(total[0]), int(total[1] + total[2])
     samples = sum(r["samples"] for r in log)
+    training = seconds - trainer.run.paused_seconds  # throughput leaves out checkpoints and evaluations
     shard_rows = trainer.table.ranges.shard_rows
     return {
         "config": config.name, "mode": config.scheduler.mode.value, "workers": config.cluster.workers,
         "ps": config.cluster.ps, "model": config.model.name.value, "iterations": len(log), "samples": samples,
-        "seconds": round(seconds, 3), "throughput": round(samples / seconds, 1) if seconds else 0.0,
+        "seconds": round(seconds, 3), "paused_seconds": round(trainer.run.paused_seconds, 3),
+        "throughput": round(samples / training, 1) if training > 0 else 0.0,
         "transmissions": {"pull_rows": pulls, "push_rows": pushes, "rows": pulls + pushes,
                           "pull_bytes": pulls * row_bytes, "push_bytes": pushes * row_bytes},
         "hit_rate": round(1 - counts.get("pull", 0) / needed, 6) if needed else 0.0,

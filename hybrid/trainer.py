@@ -101,6 +101,7 @@ class RunState:
     evaluations: list = field(default_factory=list)  # {"step", ...evaluation} per mid-run evaluation
     flushed_rows: int = 0  # dirty rows copied to the PS for checkpoints and evaluations (not transmissions)
     restored_rows: int = 0  # cached rows read back from the PS when resuming (not transmissions)
+    paused_seconds: float = 0.0  # spent on checkpoints and evaluations between iterations
 
 
 class HybridTrainer:
@@ -241,7 +242,9 @@ class HybridTrainer:
             record = {"step": ready.plan.step, "counts": ready.plan.counts, "moved": moved,
                       "prefetched": prefetched, "digest": ready.plan.digest, "timing": stages.seconds,
                       "samples": len(ready.batch), "loss_sum": self.last_loss}
+            paused = time.perf_counter()
             record.update(self._after(ready.plan, following is None, stopping, test, watchdog))
+            self.run.paused_seconds += time.perf_counter() - paused
             log.append(record)
             watchdog.beat()
             if on_step is not None:

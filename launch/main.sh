@@ -14,10 +14,9 @@ hybrid fetch movielens-100k --out data/ml-100k
 hybrid synth --config configs/w1-smoke.yaml
 summaries=()
 for config in ${HYBRID_MAIN_CONFIGS:-configs/ml100k.yaml configs/w1-smoke.yaml}; do
-    ranks=$(hybrid config "$config" | python -c 'import sys, yaml; c = yaml.safe_load(sys.stdin)["cluster"]; print(c["workers"] + c["ps"])')
     for mode in vanilla herald; do
         summary="results/$(basename "$config" .yaml)-$mode.json"
-        bash launch/mpirun.sh -n "$ranks" python -m hybrid train "$config" scheduler.mode="$mode" --summary-json "$summary"
+        bash launch/train.sh "$config" scheduler.mode="$mode" --summary-json "$summary"
         summaries+=("$summary")
     done
 done

@@ -171,6 +171,12 @@ def read_batches(path: str | Path, fmt: Format) -> Iterator[pa.RecordBatch]:
                                f"found {row.actual_columns}: {row.text[:200]!r}")
         return FormatError(f"{path}: {err}")
 
+    def unreadable(err: OSError) -> FormatError:
+        """E.g. a .gz cut short by an interrupted download."""
+        return FormatError(f"{path}: cannot be read past line {lines_before}: {err} (a truncated or damaged "
+                           f"file? fetch it again)")
+
+    lines_before = header_lines
     try:
         # The reader parses its first block when it opens, so that can fail too.
         reader = pacsv.open_csv(
@@ -184,7 +190,8 @@ def read_batches(path: str | Path, fmt: Format) -> Iterator[pa.RecordBatch]:
         )
     except pa.ArrowInvalid as err:
         raise malformed(err) from None
-    lines_before = header_lines
+    except OSError as err:
+        raise unreadable(err) from None
     while True:
         try:
             batch = reader.read_next_batch()
@@ -192,6 +199,8 @@ def read_batches(path: str | Path, fmt: Format) -> Iterator[pa.RecordBatch]:
             break
         except pa.ArrowInvalid as err:
             raise malformed(err) from None
+        except OSError as err:
+            raise unreadable(err) from None
         _validate(batch, fmt, path, lines_before)
         lines_before += batch.num_rows
         yield batch

@@ -61,6 +61,7 @@ def test_a_config_mismatch_stops_every_rank_with_one_message(store_path):
     config = _config(store_path, f"seed={1 if world.rank == 0 else 2}")
     with pytest.raises(AgreementError, match="ranks disagree on config") as info:
         train_job.run(config, progress=False)
+    assert ", differing in seed (1 vs 2);" in str(info.value)  # which key, not only two digests
     assert len(set(world.allgather(str(info.value)))) == 1
 
 

@@ -150,3 +150,18 @@ def test_cli_reports_bad_input_and_exits_non_zero(tmp_path, capsys):
     assert code != 0
     assert "day_0:1: expected 40 columns, found 2" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_truncated_gzip_input_is_named_and_leaves_nothing(tmp_path, monkeypatch):
+    """An interrupted download: the error names the file and says what is wrong, and no store is written."""
+    import gzip
+
+    monkeypatch.setattr("hybrid.data.formats.BLOCK_BYTES", 4096)
+    text = "".join(f"{u % 97}\t{u % 89}\t{1 + u % 5}\t{1000 + u}\n" for u in range(20000))
+    whole = gzip.compress(text.encode())
+    (tmp_path / "u.data.gz").write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(FormatError) as info:
+        preprocess([tmp_path / "u.data.gz"], tmp_path / "out", format_name="movielens")
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'u.data.gz'}: cannot be read past line ") and "truncated" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["u.data.gz"]
