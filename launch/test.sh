@@ -21,3 +21,8 @@ for ranks in ${HYBRID_TEST_RANKS:-3 4 5}; do
     echo "== MPI tests on $ranks ranks"
     bash launch/mpirun.sh -n "$ranks" python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi
 done
+
+# The sbatch templates under a real one-node Slurm on this machine (installed with apt-get if
+# missing; skipped, saying why, where it cannot run: not root).
+echo "== Slurm templates"
+bash tests/slurm/run_templates.sh

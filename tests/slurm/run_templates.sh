@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The sbatch templates, for real, under a one-node Slurm on this machine
+# (launch/slurm/local_slurm.sh: Debian's slurm-wlm and munge, installed if missing).
+#
+# Each template trains a small W1 smoke run with `sbatch --wait`; then each is stopped
+# mid-run by a SIGTERM the way a time limit or a preemption sends it (single-node: to the
+# batch shell, as --signal=B:TERM does; train.sbatch: to the ranks, as --signal=TERM does).
+# The job must checkpoint, exit 0, requeue itself, and its second run must resume from the
+# checkpoint and finish the run. Needs root; prints SKIPPED and exits 0 otherwise.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+if [ "$(id -u)" != 0 ]; then
+    echo "SKIPPED: the Slurm template tests start slurmctld, slurmd and munged as root (SlurmUser=root)" \
+         "and install slurm-wlm with apt-get; this is not root"
+    exit 0
+fi
+source "${HYBRID_VENV:-$ROOT/.venv}/bin/activate"
+bash launch/slurm/local_slurm.sh start
+export SLURM_CONF=${HYBRID_SLURM_DIR:-/tmp/hybrid-slurm}/etc/slurm.conf
+work=$(mktemp -d /tmp/hybrid-slurm-test.XXXXXX)
+jobs_run=()
+trap 'bash launch/slurm/local_slurm.sh stop; rm -rf "$work"; for id in "${jobs_run[@]}"; do rm -f results/"$id"-*; done' EXIT
+hybrid synth --like criteo-kaggle --rows 20000 --scale 0.001 --seed 1 --out "$work/store" >/dev/null
+WAIT=${HYBRID_SLURM_JOB_TIMEOUT:-400}
+
+fail() {
+    echo "FAILED: $1" >&2
+    for out in "$work"/*.out; do echo "== $out" >&2; cat "$out" >&2; done
+    exit 1
+}
+
+# submit_and_wait NAME TEMPLATE ITERATIONS: a plain run to the end.
+submit_and_wait() {
+    local name=$1 template=$2 iterations=$3 status=0
+    echo "== $template: $iterations iterations"
+    timeout "$WAIT" sbatch --wait --parsable --ntasks=4 -o "$work/$name.out" "launch/slurm/$template" \
+        configs/w1-smoke.yaml "data.path=$work/store" train.batch_per_worker=16 "train.iterations=$iterations" \
+        "train.checkpoint_dir=$work/ck-$name" > "$work/$name.id" || status=$?
+    jobs_run+=("$(cat "$work/$name.id")")
+    [ "$status" -eq 0 ] || fail "$template exited $status"
+    grep -q "w1-smoke herald: 3 workers + 1 PS, $iterations iterations" "$work/$name.out" \
+        || fail "$template did not report $iterations iterations"
+    echo "ok: $(grep 'w1-smoke herald' "$work/$name.out")"
+}
+
+# preempt_and_resume NAME TEMPLATE SCANCEL_OPTION SIGNAL_SEEN: stopped after 30 iterations, requeued, resumed.
+preempt_and_resume() {
+    local name=$1 template=$2 option=$3 seen=$4 id status=0 iterations=300
+    echo "== $template: SIGTERM ($option) mid-run, requeue, resume"
+    timeout "$WAIT" sbatch --wait --parsable --ntasks=4 -o "$work/$name.out" "launch/slurm/$template" \
+        configs/w1-smoke.yaml "data.path=$work/store" train.batch_per_worker=16 "train.iterations=$iterations" \
+        "train.checkpoint_dir=$work/ck-$name" > "$work/$name.id" &
+    local submitter=$!
+    for _ in $(seq 1 "$WAIT"); do
+        id=$(cat "$work/$name.id" 2>/dev/null || true)
+        [ -n "$id" ] && [ -f "results/$id-0.jsonl" ] && [ "$(wc -l < "results/$id-0.jsonl")" -ge 30 ] && break
+        kill -0 "$submitter" 2>/dev/null || fail "$template ended before it was signalled"
+        sleep 1
+    done
+    [ -n "$id" ] || fail "$template was not submitted"
+    jobs_run+=("$id")
+    scancel -s TERM ${option:+"$option"} "$id"
+    wait "$submitter" || status=$?
+    [ "$status" -eq 0 ] || fail "$template exited $status after the signal and the requeue"
+    grep -q "stopped by $seen after iteration" "$work/$name.out" || fail "$template did not stop on $seen"
+    grep -q "requeueing job $id" "$work/$name.out" || fail "$template did not requeue itself"
+    grep -q "resuming from $work/ck-$name/step-" "$work/$name.out" || fail "the requeued run did not resume"
+    python - "results/$id-0.json" "results/$id-1.json" "$iterations" <<'PY' || fail "$template: runs do not add up"
+import json, sys
+first, second = (json.load(open(p)) for p in sys.argv[1:3])
+total = int(sys.argv[3])
+assert first["stopped_by"] and first["start_step"] == 0 and first["iterations"] < total, first
+assert second["stopped_by"] is None and second["start_step"] == first["iterations"], second
+assert second["start_step"] + second["iterations"] == total and second["evaluation"]["auc"] > 0, second
+print(f"ok: stopped after {first['iterations']} iterations ({first['stopped_by']}), resumed at "
+      f"{second['start_step']} and finished {total}; test AUC {second['evaluation']['auc']:.4f}")
+PY
+}
+
+submit_and_wait single single-node.sbatch 30
+submit_and_wait srun train.sbatch 30
+preempt_and_resume single-preempted single-node.sbatch -b SIGUSR1
+preempt_and_resume srun-preempted train.sbatch "" SIGTERM
+echo "Slurm templates: all passed"
