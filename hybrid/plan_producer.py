@@ -34,14 +34,15 @@ class PlanProducer:
 
     The thread is the only reader of ``batches``: each plan travels with the
     global batch it was made from. ``marks(step)`` says whether plan ``step``
-    carries the saved state and/or the dirty rows (``(save, dirty)``); the
-    plan of ``last_step`` always carries both.
+    carries the saved state and/or the dirty rows (``(save, dirty)``), e.g.
+    for the checkpoint at the end of the run; the plan a stop was agreed on
+    carries both.
     """
 
-    def __init__(self, scheduler: Scheduler, batches: Iterable[GlobalBatch], *, last_step: int,
+    def __init__(self, scheduler: Scheduler, batches: Iterable[GlobalBatch], *,
                  marks: Callable[[int], tuple[bool, bool]] = lambda step: (False, False),
                  resume: Optional[dict] = None, depth: int = 2):
-        self.scheduler, self.marks, self.last_step = scheduler, marks, last_step
+        self.scheduler, self.marks = scheduler, marks
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._hold, self._held, self._released = threading.Event(), threading.Event(), threading.Event()
@@ -62,8 +63,8 @@ class PlanProducer:
             for plan in self.scheduler.plans(sparse(), resume):
                 self._newest = plan.step
                 save, dirty = self.marks(plan.step)
-                final = plan.step == self.last_step or plan.step == self._stop_after
-                self._mark(plan, save or final, dirty or final)
+                stop = plan.step == self._stop_after
+                self._mark(plan, save or stop, dirty or stop)
                 if not self._put((plan, pending.popleft())):
                     return
                 if self._stop_after is not None and plan.step >= self._stop_after:
@@ -98,7 +99,11 @@ class PlanProducer:
         self._released.wait()
 
     def hold(self) -> int:
-        """Park the thread at its newest plan; returns that plan's step (the last one if it has ended)."""
+        """Park the thread at its newest plan; returns that plan's step (the last one if it has ended).
+
+        A thread that has ended cannot save its state any more: stopping at
+        its last plan is the end of the run, which needs no checkpoint.
+        """
         self._hold.set()
         while not self._held.wait(0.01):
             if not self._thread.is_alive():

@@ -196,8 +196,9 @@ class HybridTrainer:
         first = self.run.start_step
         batches = self.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
                                     seed=self.config.data.shuffle_seed, start_batch=first)
-        producer = PlanProducer(self.scheduler, itertools.islice(batches, iterations - first),
-                                last_step=iterations - 1, marks=self._marks, resume=self.resume_arrays)
+        self.last_step = iterations - 1
+        producer = PlanProducer(self.scheduler, itertools.islice(batches, iterations - first), marks=self._marks,
+                                resume=self.resume_arrays)
         log = []
         self.stages = Stages()
         where = lambda: f"in stage {self.stages.current} of iteration {first + len(log)}"  # noqa: E731
@@ -210,9 +211,10 @@ class HybridTrainer:
         return log
 
     def _marks(self, step: int) -> tuple[bool, bool]:
-        """(save, dirty rows) for plan ``step``: checkpoints every ``checkpoint_every``, evaluations every ``eval_every``."""
+        """(save, dirty rows) for plan ``step``: checkpoints every ``checkpoint_every`` and at the end,
+        evaluations every ``eval_every``."""
         every, evaluate = self.config.train.checkpoint_every, self.config.train.eval_every
-        save = bool(every) and (step + 1) % every == 0
+        save = bool(every) and ((step + 1) % every == 0 or step == self.last_step)
         return save, save or (bool(evaluate) and (step + 1) % evaluate == 0)
 
     def _restore_cache(self) -> None:
@@ -243,7 +245,7 @@ class HybridTrainer:
                       "prefetched": prefetched, "digest": ready.plan.digest, "timing": stages.seconds,
                       "samples": len(ready.batch), "loss_sum": self.last_loss}
             paused = time.perf_counter()
-            record.update(self._after(ready.plan, following is None, stopping, test, watchdog))
+            record.update(self._after(ready.plan, following is None, test, watchdog))
             self.run.paused_seconds += time.perf_counter() - paused
             log.append(record)
             watchdog.beat()
@@ -254,7 +256,7 @@ class HybridTrainer:
                 self._stop_at_agreed_step(producer)
             ready, stages = following, Stages()
             self.stages = stages
-        if stopping:
+        if stopping and log and log[-1]["step"] < self.last_step:  # else the run simply ended
             self.run.stopped_by = self.stop.signal or "a signal on another worker"
 
     def _stop_at_agreed_step(self, producer: PlanProducer) -> None:
@@ -265,15 +267,13 @@ class HybridTrainer:
         """
         producer.release(stop_after=self.roles.worker_max(producer.hold()))
 
-    def _after(self, plan: BatchPlan, last: bool, stopping: bool, test: Optional[BatchStore],
-               watchdog: Watchdog) -> dict:
+    def _after(self, plan: BatchPlan, last: bool, test: Optional[BatchStore], watchdog: Watchdog) -> dict:
         """The checkpoint and the evaluation that follow iteration ``plan.step``, if due; their record fields.
 
-        The last plan always carries the scheduler's state; it is written when
-        checkpoints are on (one at the end) or the run stops on a signal.
+        A plan carries the scheduler's state exactly when a checkpoint follows it.
         """
         fields: dict = {}
-        if plan.saved is not None and (not last or self.config.train.checkpoint_every or stopping):
+        if plan.saved is not None:
             self._flush_copies(plan)
             fields["checkpoint"] = self._checkpoint(plan)
             watchdog.beat()

@@ -1,0 +1,65 @@
+"""Checkpoint and resume inside one MPI job, with one and two PS ranks (docs/design.md section 13).
+
+The runs through ``hybrid train`` with kill -9 and signals are in
+tests/unit/test_resume.py; here every rank count of the suite (3-5 ranks)
+and two PS ranks writing their shards in parallel.
+"""
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hybrid import checkpoint as ckpt
+from hybrid.comm import split_roles
+from hybrid.config import load_config
+from hybrid.data.store import BatchStore
+from hybrid.trainer import HybridTrainer
+from shared_store import shared_store
+
+
+@pytest.fixture(scope="module")
+def store_path():
+    with shared_store(like="criteo-kaggle", rows=6000, scale=0.001, seed=5) as path:
+        yield path
+
+
+def _train(config, store, resume=None):
+    """Train to config.train.iterations (from ``resume`` if given); the table on worker 0 and the digests."""
+    roles = split_roles(config.cluster.workers, config.cluster.ps)
+    trainer = HybridTrainer(config, roles, store, resume=resume)
+    log = trainer.train(config.train.iterations)
+    trainer.flush()
+    table = trainer.table.read_all() if roles.worker == 0 else None
+    params = None if roles.is_ps else [p.detach().numpy().copy() for p in trainer.model.parameters()]
+    trainer.close()
+    roles.free()
+    return table, params, {r["step"]: r["digest"] for r in log}
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n_ps", [1, 2])
+def test_resuming_from_a_mid_run_checkpoint_ends_with_the_uninterrupted_model(store_path, tmp_path_factory, n_ps):
+    world = MPI.COMM_WORLD
+    root = Path(world.bcast(str(tmp_path_factory.mktemp("ck")) if world.rank == 0 else None))
+    config = load_config(None, [f"data.path={store_path}", f"cluster.workers={world.size - n_ps}",
+                                f"cluster.ps={n_ps}", "train.batch_per_worker=16", "cache.ratio=0.05",
+                                "model.embedding_dim=4", "model.top_mlp=[8]", "model.precision=float64",
+                                "scheduler.mode=herald", "train.iterations=30", "train.checkpoint_every=10",
+                                "train.checkpoint_keep=3", f"train.checkpoint_dir={root}"])
+    store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
+    table, params, digests = _train(config, store)
+    saved = ckpt.CheckpointDir(root).complete()
+    assert [c.step for c in saved] == [29, 19, 9]
+    middle = saved[1]
+    assert sorted(middle.meta["files"]) == sorted(["dense.pt", "scheduler.npz"] +
+                                                  [ckpt.shard_name(i) for i in range(n_ps)])
+    resumed_table, resumed_params, resumed_digests = _train(config, store, resume=middle)
+    if params is not None:  # workers: the same allocations and events from step 20
+        assert resumed_digests == {step: digests[step] for step in range(20, 30)}
+    if world.rank == 0:
+        np.testing.assert_allclose(resumed_table, table, rtol=0, atol=1e-12)
+    if params is not None:
+        for got, want in zip(resumed_params, params):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
