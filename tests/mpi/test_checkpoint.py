@@ -58,8 +58,11 @@ def test_resuming_from_a_mid_run_checkpoint_ends_with_the_uninterrupted_model(st
     resumed_table, resumed_params, resumed_digests = _train(config, store, resume=middle)
     if params is not None:  # workers: the same allocations and events from step 20
         assert resumed_digests == {step: digests[step] for step in range(20, 30)}
+    # Bit for bit with one worker; with several, Accumulates to a shared row land in arrival order,
+    # so two uninterrupted runs already differ in the last bits (tests/unit/test_resume.py).
+    tolerance = 0.0 if config.cluster.workers == 1 else 1e-12
     if world.rank == 0:
-        np.testing.assert_allclose(resumed_table, table, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(resumed_table, table, rtol=0, atol=tolerance)
     if params is not None:
         for got, want in zip(resumed_params, params):
-            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+            np.testing.assert_allclose(got, want, rtol=0, atol=tolerance)
