@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -134,35 +135,53 @@ def file_record(path: Path) -> dict:
 def write_rows(path: Path, rows: np.ndarray) -> dict:
     """Write ``rows`` (a 2-D array, e.g. a PS shard in window memory) as ``.npy`` in chunks; its record.
 
-    The chunks are hashed as they are written, so a shard is read from
-    memory once and never copied whole.
+    Each chunk is hashed in a second thread while it is written (both
+    release the GIL), so a shard is read from memory once, never copied
+    whole, and hashing adds no time to the write.
     """
     digest = hashlib.sha256()
     header = {"descr": np.lib.format.dtype_to_descr(rows.dtype), "fortran_order": False, "shape": rows.shape}
     per_chunk = max(1, CHUNK_BYTES // max(1, rows.strides[0]))
     prefix = io.BytesIO()
     np.lib.format.write_array_header_1_0(prefix, header)
-    with open(path, "wb") as f:
+    with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
         f.write(prefix.getvalue())
         digest.update(prefix.getvalue())
         for begin in range(0, len(rows), per_chunk):
             block = np.ascontiguousarray(rows[begin:begin + per_chunk]).data
+            hashed = hasher.submit(digest.update, block)
             f.write(block)
-            digest.update(block)
+            hashed.result()
         f.flush()
         os.fsync(f.fileno())
     return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def read_rows_into(path: Path, out: np.ndarray) -> None:
-    """Copy the rows of a ``.npy`` written by :func:`write_rows` into ``out``, a chunk at a time."""
-    saved = np.load(path, mmap_mode="r", allow_pickle=False)
-    if saved.shape != out.shape or saved.dtype != out.dtype:
-        raise CheckpointError(f"{path}: holds {saved.shape} {saved.dtype}, expected {out.shape} {out.dtype}")
-    per_chunk = max(1, CHUNK_BYTES // max(1, out.strides[0]))
-    for begin in range(0, len(out), per_chunk):
-        out[begin:begin + per_chunk] = saved[begin:begin + per_chunk]
-    del saved
+    """Read the rows of a ``.npy`` written by :func:`write_rows` straight into ``out``, a chunk at a time.
+
+    Plain reads into ``out`` (e.g. the PS window), not a memory map: mapped
+    file pages would count in the rank's resident memory next to the shard.
+    """
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:
+                raise ValueError(f"format version {version}")
+            shape, fortran, dtype = read_header(f)
+        except ValueError as err:
+            raise CheckpointError(f"{path}: not a .npy file of rows ({err})") from None
+        if fortran or tuple(shape) != out.shape or dtype != out.dtype:
+            raise CheckpointError(f"{path}: holds {tuple(shape)} {dtype}, expected {out.shape} {out.dtype}")
+        if not out.flags.c_contiguous:
+            raise ValueError("read_rows_into needs a C-contiguous array to read into")
+        flat = out.reshape(-1).view(np.uint8)
+        for begin in range(0, len(flat), CHUNK_BYTES):
+            view = memoryview(flat[begin:begin + CHUNK_BYTES])
+            if f.readinto(view) != len(view):
+                raise CheckpointError(f"{path}: ends early (truncated)")
 
 
 def write_arrays(path: Path, arrays: dict) -> dict:

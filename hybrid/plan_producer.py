@@ -36,22 +36,25 @@ class PlanProducer:
     global batch it was made from. ``marks(step)`` says whether plan ``step``
     carries the saved state and/or the dirty rows (``(save, dirty)``), e.g.
     for the checkpoint at the end of the run; the plan a stop was agreed on
-    carries both.
+    carries both. Only the worker that writes the scheduler's state
+    (``keeps_state``) copies it; on the others ``saved`` is an empty dict,
+    which still marks the plan a checkpoint follows.
     """
 
     def __init__(self, scheduler: Scheduler, batches: Iterable[GlobalBatch], *,
                  marks: Callable[[int], tuple[bool, bool]] = lambda step: (False, False),
-                 resume: Optional[dict] = None, depth: int = 2):
-        self.scheduler, self.marks = scheduler, marks
+                 resume: Optional[dict] = None, keeps_state: bool = True, depth: int = 2):
+        self.scheduler, self.marks, self.keeps_state = scheduler, marks, keeps_state
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._hold, self._held, self._released = threading.Event(), threading.Event(), threading.Event()
         self._stop_after: Optional[int] = None
         self._newest = -1  # step of the newest plan made (the scheduler's state is the one after it)
-        self._thread = threading.Thread(target=self._run, args=(batches, resume), daemon=True, name="scheduler")
+        self._resume = resume  # handed to the thread, which lets it go once loaded
+        self._thread = threading.Thread(target=self._run, args=(batches,), daemon=True, name="scheduler")
         self._thread.start()
 
-    def _run(self, batches: Iterable[GlobalBatch], resume: Optional[dict]) -> None:
+    def _run(self, batches: Iterable[GlobalBatch]) -> None:
         pending: collections.deque = collections.deque()
 
         def sparse():
@@ -59,8 +62,10 @@ class PlanProducer:
                 pending.append(batch)
                 yield batch.sparse
 
+        plans = self.scheduler.plans(sparse(), self._resume)
+        self._resume = None  # the generator drops it once loaded
         try:
-            for plan in self.scheduler.plans(sparse(), resume):
+            for plan in plans:
                 self._newest = plan.step
                 save, dirty = self.marks(plan.step)
                 stop = plan.step == self._stop_after
@@ -76,7 +81,7 @@ class PlanProducer:
     def _mark(self, plan: BatchPlan, save: bool, dirty: bool) -> None:
         """Attach what the end of ``plan``'s iteration needs; the scheduler is still right after ``plan``."""
         if save and plan.saved is None:
-            plan.saved = self.scheduler.save_arrays()
+            plan.saved = self.scheduler.save_arrays() if self.keeps_state else {}
         if dirty and plan.dirty is None:
             plan.dirty = self.scheduler.state.dirty_slots(self.scheduler.state.focus)
 
@@ -88,7 +93,7 @@ class PlanProducer:
                 if isinstance(item, tuple) and item[0].step == self._stop_after:
                     self._mark(item[0], True, True)
             try:
-                self._queue.put(item, timeout=0.01)
+                self._queue.put(item, timeout=0.1)
                 return True
             except queue.Full:
                 continue

@@ -253,6 +253,7 @@ class Scheduler:
         else:
             rows = self.global_rows(first)
             step, alloc = self._restore(resume, rows)
+            resume = None  # loaded: let the caller's copy go
         self.state.set_needs(rows, alloc)
         while True:
             timing = dict(self._timing)

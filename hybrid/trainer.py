@@ -198,7 +198,7 @@ class HybridTrainer:
                                     seed=self.config.data.shuffle_seed, start_batch=first)
         self.last_step = iterations - 1
         producer = PlanProducer(self.scheduler, itertools.islice(batches, iterations - first), marks=self._marks,
-                                resume=self.resume_arrays)
+                                resume=self.resume_arrays, keeps_state=self.roles.worker == 0)
         log = []
         self.stages = Stages()
         where = lambda: f"in stage {self.stages.current} of iteration {first + len(log)}"  # noqa: E731
@@ -226,6 +226,7 @@ class HybridTrainer:
         slots = np.flatnonzero(rows >= 0)
         self.table.pull(rows[slots], self.cache, at=slots).wait()
         self.run.restored_rows += len(slots)
+        self.resume_arrays = None  # the scheduler holds what it needs
 
     def _loop(self, producer: PlanProducer, log: list, on_step, watchdog: Watchdog, test) -> None:
         """The iterations, each prepared by the one before (see the module docstring)."""

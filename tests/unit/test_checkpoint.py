@@ -83,3 +83,15 @@ def test_a_checkpoint_of_another_config_or_data_names_what_differs(tmp_path):
         "it was written by another config: train.embedding_lr (checkpoint 0.5, now 0.25)"
     assert "fingerprint abc, this store has xyz" in ckpt.mismatch(checkpoint, config.training_dict(), "xyz")
     json.dumps(checkpoint.meta)  # meta.json is plain JSON
+
+
+def test_reading_rows_stops_at_a_truncated_file(tmp_path):
+    rows = np.arange(40, dtype=np.float32).reshape(10, 4)
+    ckpt.write_rows(tmp_path / "rows.npy", rows)
+    data = (tmp_path / "rows.npy").read_bytes()
+    (tmp_path / "rows.npy").write_bytes(data[:-8])
+    with pytest.raises(ckpt.CheckpointError, match="ends early"):
+        ckpt.read_rows_into(tmp_path / "rows.npy", np.zeros_like(rows))
+    (tmp_path / "rows.npy").write_bytes(b"not an array")
+    with pytest.raises(ckpt.CheckpointError, match="not a .npy file"):
+        ckpt.read_rows_into(tmp_path / "rows.npy", np.zeros_like(rows))
