@@ -141,3 +141,26 @@ def test_a_checkpoint_of_another_config_is_refused_and_a_finished_run_is_left_al
            "now 0.2)" in output, output
     result = _run(*args)
     assert result.returncode == 0 and "is the end of this run (iteration 199); nothing to resume" in result.stderr
+
+
+@pytest.mark.parametrize("receiver", [1, 3], ids=["one-worker", "ps-only"])
+def test_a_signal_to_one_rank_stops_every_worker_and_one_to_the_ps_is_ignored(reference, tmp_path, receiver):
+    """Workers agree on a stop at the end of an iteration; a PS rank leaves the decision to them."""
+    checkpoints, log = tmp_path / "checkpoints", tmp_path / "log.jsonl"
+    process = mpi_jobs.start(MPIRUN + _train_args(reference / "store", checkpoints, log, "train.checkpoint_every=0"))
+    try:
+        mpi_jobs.wait_for(process, lambda: log.is_file() and len(log.read_text().splitlines()) >= 30,
+                          "30 iterations")
+        os.kill(mpi_jobs.rank_pids(process.pid)[receiver], signal.SIGUSR1)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    last = max(_digests(log))
+    if receiver == 3:
+        assert last == ITERATIONS - 1 and "stopped by" not in output and not checkpoints.exists(), output
+    else:
+        assert last < ITERATIONS - 1, output
+        assert f"stopped by a signal on another worker after iteration {last}" in output, output
+        assert [p.name for p in checkpoints.iterdir()] == [f"step-{last:09d}"]
