@@ -33,6 +33,7 @@ run_forwarding_term() {
 # put the job back in the queue; its next run resumes from the checkpoint (--resume).
 requeue_if_stopped() {
     local stopped
+    [ -f "$1" ] || return 0  # no summary: nothing was left to train (the run had ended before)
     stopped=$(python -c 'import json, sys; print(json.load(open(sys.argv[1])).get("stopped_by") or "")' "$1")
     if [ -n "$stopped" ]; then
         echo "stopped by $stopped with a checkpoint: requeueing job $SLURM_JOB_ID" \
