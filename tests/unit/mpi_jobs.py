@@ -39,3 +39,24 @@ def wait_for(process: subprocess.Popen, ready, what: str, timeout: float = 120) 
             process.kill()
             raise AssertionError(f"{what} did not happen:\n{process.communicate()[0]}")
         time.sleep(0.02)
+
+
+def act_mid_run(command: list, ready, what: str, act, timeout: float = 120) -> tuple[int, str]:
+    """Start ``command``; once ``ready()``, call ``act(process)``; then its exit status and output.
+
+    The job is killed if anything fails on the way, so no ranks are left behind.
+    """
+    process = start(command)
+    try:
+        wait_for(process, ready, what)
+        act(process)
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return process.returncode, output
+
+
+def signal_rank(rank: int, signum: int):
+    """An ``act`` for :func:`act_mid_run`: send ``signum`` to one world rank of an mpirun job."""
+    return lambda process: os.kill(rank_pids(process.pid)[rank], signum)

@@ -75,17 +75,15 @@ def test_a_rank_killed_mid_run_ends_the_job_within_30_seconds_naming_it(tmp_path
     command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "4",
                sys.executable, "-m", "hybrid", "train", "configs/w1-smoke.yaml", f"data.path={tmp_path / 'store'}",
                "train.batch_per_worker=16", "--no-progress", "--log-jsonl", str(log)]
-    process = mpi_jobs.start(command)
-    try:
-        mpi_jobs.wait_for(process, lambda: log.is_file() and len(log.read_text().splitlines()) >= 5,
-                          "training under way")
-        pid = mpi_jobs.rank_pids(process.pid)[victim]
-        os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        output, _ = process.communicate(timeout=60)
-        assert time.monotonic() - killed < 30
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode != 0, output
+    killed = []
+
+    def kill_victim(process):
+        mpi_jobs.signal_rank(victim, signal.SIGKILL)(process)
+        killed.append(time.monotonic())
+
+    status, output = mpi_jobs.act_mid_run(
+        command, lambda: log.is_file() and len(log.read_text().splitlines()) >= 5, "training under way",
+        kill_victim, timeout=60)
+    assert time.monotonic() - killed[0] < 30
+    assert status != 0, output
     assert f"process rank {victim} with PID" in output and "signal 9" in output, output  # and the node

@@ -37,6 +37,10 @@ def _run(*args) -> subprocess.CompletedProcess:
                           env=dict(os.environ))
 
 
+def _iterations_logged(log: Path) -> int:
+    return len(log.read_text().splitlines()) if log.is_file() else 0
+
+
 def _digests(log: Path) -> dict:
     import json
 
@@ -81,16 +85,11 @@ def _resume_and_compare(reference: Path, checkpoints: Path, tmp_path: Path, *ext
 @pytest.mark.parametrize("victim", [1, 3], ids=["worker", "ps"])
 def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_model(reference, tmp_path, victim):
     checkpoints = tmp_path / "checkpoints"
-    process = mpi_jobs.start(MPIRUN + _train_args(reference / "store", checkpoints, tmp_path / "killed.jsonl"))
-    try:
-        mpi_jobs.wait_for(process, lambda: (checkpoints / "step-000000039" / "meta.json").is_file(),
-                          "the first checkpoint")
-        os.kill(mpi_jobs.rank_pids(process.pid)[victim], signal.SIGKILL)
-        output, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode != 0, output
+    status, output = mpi_jobs.act_mid_run(
+        MPIRUN + _train_args(reference / "store", checkpoints, tmp_path / "killed.jsonl"),
+        lambda: (checkpoints / "step-000000039" / "meta.json").is_file(), "the first checkpoint",
+        mpi_jobs.signal_rank(victim, signal.SIGKILL), timeout=60)
+    assert status != 0, output
     assert not (checkpoints / "step-000000199").exists(), "the run finished before the kill"
     output = _resume_and_compare(reference, checkpoints, tmp_path)
     assert "resuming from" in output and "step-000000199" not in output.split("resuming from")[1].split("\n")[0]
@@ -100,16 +99,10 @@ def test_sigterm_to_the_launcher_checkpoints_exits_0_and_the_run_resumes(referen
     """SLURM's SIGTERM before a time limit: every rank saves and leaves with 0; --resume finishes the run."""
     checkpoints, log = tmp_path / "checkpoints", tmp_path / "stopped.jsonl"
     launcher = ["bash", str(mpi_jobs.ROOT / "launch" / "mpirun.sh"), "-n", "4"]
-    process = mpi_jobs.start(launcher + _train_args(reference / "store", checkpoints, log, "train.checkpoint_every=0"))
-    try:
-        mpi_jobs.wait_for(process, lambda: log.is_file() and len(log.read_text().splitlines()) >= 50,
-                          "50 iterations")
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 0, output
+    status, output = mpi_jobs.act_mid_run(
+        launcher + _train_args(reference / "store", checkpoints, log, "train.checkpoint_every=0"),
+        lambda: _iterations_logged(log) >= 50, "50 iterations", lambda process: process.send_signal(signal.SIGTERM))
+    assert status == 0, output
     stopped = max(_digests(log))
     assert stopped < ITERATIONS - 1
     assert f"stopped by SIGUSR1 after iteration {stopped}; continue with --resume" in output, output
@@ -147,16 +140,10 @@ def test_a_checkpoint_of_another_config_is_refused_and_a_finished_run_is_left_al
 def test_a_signal_to_one_rank_stops_every_worker_and_one_to_the_ps_is_ignored(reference, tmp_path, receiver):
     """Workers agree on a stop at the end of an iteration; a PS rank leaves the decision to them."""
     checkpoints, log = tmp_path / "checkpoints", tmp_path / "log.jsonl"
-    process = mpi_jobs.start(MPIRUN + _train_args(reference / "store", checkpoints, log, "train.checkpoint_every=0"))
-    try:
-        mpi_jobs.wait_for(process, lambda: log.is_file() and len(log.read_text().splitlines()) >= 30,
-                          "30 iterations")
-        os.kill(mpi_jobs.rank_pids(process.pid)[receiver], signal.SIGUSR1)
-        output, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 0, output
+    status, output = mpi_jobs.act_mid_run(
+        MPIRUN + _train_args(reference / "store", checkpoints, log, "train.checkpoint_every=0"),
+        lambda: _iterations_logged(log) >= 30, "30 iterations", mpi_jobs.signal_rank(receiver, signal.SIGUSR1))
+    assert status == 0, output
     last = max(_digests(log))
     if receiver == 3:
         assert last == ITERATIONS - 1 and "stopped by" not in output and not checkpoints.exists(), output
