@@ -909,16 +909,9 @@ cdef class ClusterState:
             n_workers=self.n_workers, n_rows=self.n_rows, capacity=self.capacity, full_set=self.full_set,
             max_pairs=self.max_pairs, p2p=self.p2p, policy="lru" if self.buckets == 1 else "lfu", focus=self.focus,
             annotate=self.annotate)
-        clone.holders[:] = self.holders
-        clone.slot_row[:] = self.slot_row
-        clone.lru_prev[:] = self.lru_prev
-        clone.lru_next[:] = self.lru_next
-        clone.lru_head[:] = self.lru_head
-        clone.lru_tail[:] = self.lru_tail
-        clone.freq[:] = self.freq
-        clone.lowest[:] = self.lowest
-        clone.used[:] = self.used
-        clone.table[:] = self.table
+        theirs = clone._persistent()
+        for name, view in self._persistent().items():
+            theirs[name][:] = view
         clone.need_table[:] = self.need_table
         clone.need_rows[:] = self.need_rows
         clone.need_masks[:] = self.need_masks
@@ -933,7 +926,6 @@ cdef class ClusterState:
         clone.need_focus[:] = self.need_focus
         clone.focus_sample[:] = self.focus_sample
         clone.focus_entry[:] = self.focus_entry
-        clone.written[:] = self.written
         clone.epoch, clone.n_need, clone.n_pairs = self.epoch, self.n_need, self.n_pairs
         clone.needs_ready, clone.n_tables, clone.n_focus = self.needs_ready, self.n_tables, self.n_focus
         clone.iteration = self.iteration

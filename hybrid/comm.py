@@ -48,17 +48,15 @@ class Roles:
         return max(1, self.node_cores // self.node_ranks)
 
     def worker_barrier(self) -> None:
-        """The workers' barrier: MPI's (spinning) when each rank has a core, sleeping when they share."""
-        if self.oversubscribed:
-            idle_barrier(self.workers, poll_seconds=0.0002)
-        else:
-            self.workers.Barrier()
+        """The workers' barrier (see :meth:`worker_barrier_any`)."""
+        self.worker_barrier_any(False)
 
     def worker_barrier_any(self, flag: bool) -> bool:
         """A workers' barrier that also tells whether any worker passed ``flag`` (e.g. a stop request).
 
-        One tiny allreduce costs what the barrier costs, so every iteration
-        can end with it; it sleeps while waiting when ranks share cores.
+        One tiny allreduce costs what a barrier costs, so every iteration can
+        end with it. It is MPI's (spinning) when each rank has a core, and
+        sleeps between tests when ranks share cores.
         """
         mine = np.array([int(flag)], dtype=np.int32)
         anyone = np.zeros(1, dtype=np.int32)
