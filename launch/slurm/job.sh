@@ -41,3 +41,13 @@ requeue_if_stopped() {
         scontrol requeue "$SLURM_JOB_ID"
     fi
 }
+
+# use_tcp_if_asked: nodes joined by Ethernet: HYBRID_TCP=1 (or HYBRID_TCP=eth0 to pin the
+# interface) exports the MPI settings of launch/tcp_transport.sh; srun passes them to every rank.
+use_tcp_if_asked() {
+    [ -n "${HYBRID_TCP:-}" ] || return 0
+    local iface=""
+    [ "$HYBRID_TCP" != 1 ] && iface=$HYBRID_TCP
+    source launch/tcp_transport.sh "$iface"
+    echo "+ $(env | grep -E '^(OMPI_MCA|UCX)_' | sort | tr '\n' ' ')" >&2
+}
