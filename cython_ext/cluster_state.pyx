@@ -154,6 +154,8 @@ cdef class ClusterState:
     cdef int32_t[::1] pair_source            # P2P: worker sending the pair's row (EMPTY: none)
     cdef int32_t[::1] pair_source_slot
     cdef int32_t[::1] need_trainers          # workers needing each row
+    cdef int32_t[::1] need_turn              # update() scratch: trainers of each row seen so far
+    cdef readonly int accumulate_rounds      # most trainers of one shared row in the last train() (0: none)
     cdef int64_t[::1] tmp_row                # set_needs scratch
     cdef int32_t[::1] tmp_worker
     cdef int32_t[::1] tmp_need
@@ -186,6 +188,7 @@ cdef class ClusterState:
     cdef int32_t[::1] ev_peer_slot
     cdef int32_t[::1] ev_pair                # updates: position of the row among its worker's pairs
     cdef int8_t[::1] ev_early                # pulls: prefetchable
+    cdef int32_t[::1] ev_turn                # Accumulates: how many workers before this one train the row
     cdef int64_t n_events
     cdef int64_t[::1] kind_total             # events of the last call by kind
     # After train(), worker w's events are two runs: its pulls (and write-backs, P2P) in
@@ -252,6 +255,8 @@ cdef class ClusterState:
         self.pair_source = np.full(max_pairs, EMPTY, dtype=np.int32)
         self.pair_source_slot = np.full(max_pairs, EMPTY, dtype=np.int32)
         self.need_trainers = np.zeros(max_pairs, dtype=np.int32)
+        self.need_turn = np.zeros(max_pairs, dtype=np.int32)
+        self.accumulate_rounds = 0
         self.tmp_row = np.zeros(max_pairs, dtype=np.int64)
         self.tmp_worker = np.zeros(max_pairs, dtype=np.int32)
         self.tmp_need = np.zeros(max_pairs, dtype=np.int32)
@@ -284,6 +289,7 @@ cdef class ClusterState:
         self.ev_peer_slot = np.zeros(n_ev, dtype=np.int32)
         self.ev_pair = np.zeros(n_ev, dtype=np.int32)
         self.ev_early = np.zeros(n_ev, dtype=np.int8)
+        self.ev_turn = np.zeros(n_ev, dtype=np.int32)
         self.kind_total = np.zeros(N_KINDS, dtype=np.int64)
         self.pull_span = np.zeros(2 * n_workers, dtype=np.int64)
         self.update_base = 0
@@ -735,17 +741,29 @@ cdef class ClusterState:
         return -1
 
     cdef void update(self) noexcept nogil:
-        """Step 4: who holds the latest value of each trained row after the update."""
-        cdef int64_t p, e
+        """Step 4: who holds the latest value of each trained row after the update.
+
+        Pairs run in worker order, so each Accumulate's turn (its worker's
+        rank among the row's trainers) is a count: the runtime can add a row's
+        contributions in worker order, bit-reproducibly (docs/design.md section 13).
+        """
+        cdef int64_t p, e, n
         cdef int w
-        cdef int32_t pair
+        cdef int32_t pair, need
+        self.accumulate_rounds = 0
+        for n in range(self.n_need):
+            self.need_turn[n] = 0
         for p in range(self.n_pairs):
             if p + AHEAD < self.n_pairs:
                 prefetch(&self.holders[self.pair_row[p + AHEAD] * self.words])
             e = self.pair_row[p]
             w = self.pair_worker[p]
             pair = <int32_t>(p - self.worker_start[w])
-            if self.need_trainers[self.pair_need[p]] >= 2:
+            need = self.pair_need[p]
+            if self.need_trainers[need] >= 2:
+                self.ev_turn[self.n_events] = self.need_turn[need]
+                self.need_turn[need] += 1
+                self.accumulate_rounds = max(self.accumulate_rounds, self.need_trainers[need])
                 self.record(K_ACCUMULATE, w, e, self.pair_slot[p], pair)
                 self.set_only(e, PS_BIT)
             elif self.full_set:
@@ -928,6 +946,7 @@ cdef class ClusterState:
         clone.focus_entry[:] = self.focus_entry
         clone.epoch, clone.n_need, clone.n_pairs = self.epoch, self.n_need, self.n_pairs
         clone.needs_ready, clone.n_tables, clone.n_focus = self.needs_ready, self.n_tables, self.n_focus
+        clone.accumulate_rounds = self.accumulate_rounds
         clone.iteration = self.iteration
         return clone
 
@@ -960,7 +979,8 @@ cdef class ClusterState:
 
         Per kind a dict of arrays: ``rows``, ``slots``; pulls add ``early``
         (prefetchable), updates ``pairs`` (positions among ``w``'s needed
-        rows), P2P ``peers`` and ``peer_slots``. After ``train()`` only ``w``'s
+        rows), Accumulates ``turns`` (workers before ``w`` that train the
+        row), P2P ``peers`` and ``peer_slots``. After ``train()`` only ``w``'s
         own runs of events are read; after ``plan()`` (plan pushes only) all.
         """
         if w < 0 or w >= self.n_workers:
@@ -997,7 +1017,7 @@ cdef class ClusterState:
                     fill[self.ev_kind[i]] = k + 1
                     rows[k], slots[k], early[k] = self.ev_row[i], self.ev_slot[i], self.ev_early[i]
                     aux[k] = self.ev_peer[i] if self.ev_kind[i] == K_P2P else self.ev_pair[i]
-                    aux2[k] = self.ev_peer_slot[i]
+                    aux2[k] = self.ev_turn[i] if self.ev_kind[i] == K_ACCUMULATE else self.ev_peer_slot[i]
         result = {}
         for k in range(N_KINDS):
             a, b = start[k], start[k + 1]
@@ -1006,6 +1026,8 @@ cdef class ClusterState:
                 group["early"] = early_array[a:b].astype(bool)
             elif k == K_LOCAL or k == K_ACCUMULATE or k == K_FULL_SET_PUSH:
                 group["pairs"] = aux_array[a:b]
+                if k == K_ACCUMULATE:
+                    group["turns"] = aux2_array[a:b]
             elif k == K_P2P:
                 group["peers"], group["peer_slots"] = aux_array[a:b], aux2_array[a:b]
             result[KIND_NAMES[k]] = group

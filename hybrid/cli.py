@@ -438,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="configs/w1-smoke.yaml", help="train: the workload (default: %(default)s)")
     p.add_argument("--sizes", default="smoke,full", help="train: the config's store and/or its full-cardinality "
                                                         "twin (default: %(default)s)")
-    p.add_argument("--modes", default="vanilla,herald", help="train: modes to compare (default: %(default)s)")
+    p.add_argument("--modes", default="vanilla,herald",
+                   help="train, e2e: cases to compare, each MODE[+KEY=VALUE...] (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="train: runs per case, alternating (median reported)")
     p.add_argument("--full-rows", type=int, default=2_000_000, help="train: samples of the full-size store")
     p.add_argument("--bandwidth", type=_bandwidth, default="1gbit",

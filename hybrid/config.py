@@ -128,6 +128,7 @@ class TrainConfig:
     eval_every: int = 0
     verify_cache: bool = False  # debug: each iteration, compare fresh cached rows with the PS
     overlap: bool = True  # read the next iteration's prefetchable rows and finish writes behind other work
+    deterministic: bool = False  # add shared rows' gradients in worker order: bit-reproducible runs and resumes
     threads: int = 0  # torch compute threads per worker (0 = this host's cores / its ranks, at least 1)
     device: str = "auto"  # auto (CUDA when present and Horovod has NCCL), cpu, cuda
     watchdog_seconds: float = 600.0  # a worker with no finished iteration for this long reports and ends the job
@@ -196,9 +197,11 @@ class Config:
 
 
 # Keys a resumed run may change: where and how often it saves, how it watches and reports,
-# how it reaches the PS. Every other key changes the result and must match the checkpoint's.
+# how it reaches the PS, the order shared gradients are added in (last bits only). Every
+# other key changes the result and must match the checkpoint's.
 RUN_ONLY_KEYS = ("train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir",
-                 "train.watchdog_seconds", "train.eval_every", "train.verify_cache", "cluster.transport")
+                 "train.watchdog_seconds", "train.eval_every", "train.verify_cache", "train.deterministic",
+                 "cluster.transport")
 
 
 def flatten(values: dict, prefix: str = "") -> dict:

@@ -55,6 +55,10 @@ class WorkerPlan:
     in ``rows``, so embeddings are gathered as ``cache[slots][index]`` and
     their gradients summed per row (``[len(rows), dim]``). ``local``,
     ``accumulate`` and ``full_set`` are positions in ``rows`` by update kind.
+    ``accumulate_turns`` gives, per shared row, how many workers before this
+    one train it, and ``accumulate_rounds`` the most trainers of any shared
+    row (the same on every worker): adding turn 0, then 1, ... with a flush
+    and a barrier between them sums each row in worker order.
     ``pull`` must be read after the previous iteration's barrier; ``prefetch``
     rows were not written by the previous iteration, so they may be read
     while it runs (docs/design.md, section 11).
@@ -71,6 +75,8 @@ class WorkerPlan:
     pull: Transfer
     prefetch: Transfer
     plan_push: Transfer
+    accumulate_turns: np.ndarray
+    accumulate_rounds: int
     p2p: int  # P2P receptions (the runtime executes PS plans only)
 
 
@@ -196,12 +202,12 @@ class Scheduler:
         """The focus worker's needs and train events, read before ``plan`` overwrites them."""
         if self.state.focus < 0:
             return None
-        return self.state.focus_needs(), self.state.worker_events(self.state.focus)
+        return self.state.focus_needs(), self.state.worker_events(self.state.focus), self.state.accumulate_rounds
 
     def _work(self, trained: Optional[tuple]) -> Optional[WorkerPlan]:
         if trained is None:
             return None
-        (samples, index, rows, slots), events = trained
+        (samples, index, rows, slots), events, rounds = trained
         plan_push = self.state.worker_events(self.state.focus)["plan_push"]
         pull = events["pull"]
         early = pull["early"]
@@ -211,7 +217,8 @@ class Scheduler:
             writeback=Transfer(events["writeback"]["rows"], events["writeback"]["slots"]),
             pull=Transfer(pull["rows"][~early], pull["slots"][~early]),
             prefetch=Transfer(pull["rows"][early], pull["slots"][early]),
-            plan_push=Transfer(plan_push["rows"], plan_push["slots"]), p2p=len(events["p2p"]["rows"]))
+            plan_push=Transfer(plan_push["rows"], plan_push["slots"]),
+            accumulate_turns=events["accumulate"]["turns"], accumulate_rounds=rounds, p2p=len(events["p2p"]["rows"]))
 
     def save_arrays(self) -> dict:
         """What the plans after the one last yielded depend on, as arrays (docs/design.md section 13).

@@ -146,9 +146,12 @@ class HybridTrainer:
         self.model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables,
                                  seed=config.seed).to(self.device)
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        # Horovod fuses whichever gradients are ready in one cycle, and the fused size picks MPI's
+        # allreduce algorithm, hence the summation order: one group makes the fusion fixed.
         self.optimizer = self.hvd.DistributedOptimizer(
             dense_optimizer(config, self.model.parameters()),
-            named_parameters=self.model.named_parameters(), op=self.hvd.Sum)
+            named_parameters=self.model.named_parameters(), op=self.hvd.Sum,
+            groups=1 if config.train.deterministic else None)
         self.resume_arrays = None
         if resume is not None:
             dense = torch.load(resume.file("dense.pt"), map_location=self.device, weights_only=True)
@@ -433,10 +436,30 @@ class HybridTrainer:
         full = work.full_set
         full_slots = work.slots[full]
         self.cache[full_slots] -= lr * gradients[full]
+        writes = [self.table.put(work.rows[full], self.cache[full_slots]),
+                  self.table.put(work.plan_push.rows, self.cache[work.plan_push.slots])]
         shared = work.accumulate
-        return [self.table.accumulate(work.rows[shared], -lr * gradients[shared]),
-                self.table.put(work.rows[full], self.cache[full_slots]),
-                self.table.put(work.plan_push.rows, self.cache[work.plan_push.slots])]
+        rows, deltas = work.rows[shared], -lr * gradients[shared]
+        if self.config.train.deterministic:
+            return writes + [self._accumulate_in_worker_order(rows, deltas, work)]
+        return writes + [self.table.accumulate(rows, deltas)]
+
+    def _accumulate_in_worker_order(self, rows: np.ndarray, deltas: np.ndarray, work: WorkerPlan) -> Handle:
+        """Add shared rows' deltas turn by turn, so each row's sum has one order: the workers'.
+
+        Concurrent Accumulates to one row land in arrival order, and float
+        addition does not commute in its last bits, so two runs (or a run and
+        its resume) would differ by ~1e-16. Turn ``k`` completes at the PS
+        before any worker starts turn ``k + 1``: ``accumulate_rounds - 1``
+        extra flushes and barriers per iteration. Returns the last turn's handle.
+        """
+        turns = work.accumulate_turns
+        for turn in range(work.accumulate_rounds - 1):
+            mine = turns == turn
+            self.table.complete(self.table.accumulate(rows[mine], deltas[mine]))
+            self.roles.worker_barrier()
+        last = turns == max(work.accumulate_rounds - 1, 0)
+        return self.table.accumulate(rows[last], deltas[last])
 
     def verify_cache(self, snapshot: dict) -> None:
         """Check that every cached row this worker holds fresh, and the PS holds too, equals the PS copy.

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from hybrid.bench import case_overrides
 from hybrid.bench.emulated_hosts import EmulatedHosts, LinkShape
 from hybrid.config import load_config
 
@@ -114,7 +115,7 @@ def train_once(hosts: EmulatedHosts, workload: Workload, mode: str, env: dict, o
     with tempfile.TemporaryDirectory(prefix="hybrid-e2e-") as tmp:
         summary_path = Path(tmp) / "summary.json"
         argv = [sys.executable, "-m", "hybrid", "train", str(ROOT / workload.config), *workload.overrides,
-                f"scheduler.mode={mode}", f"train.iterations={workload.iterations}", *overrides,
+                *case_overrides(mode), f"train.iterations={workload.iterations}", *overrides,
                 "--no-progress", "--summary-json", str(summary_path)]
         before = hosts.counters()
         command = _mpirun(hosts, ranks, argv, env)
@@ -165,6 +166,8 @@ def run(*, workloads=tuple(WORKLOADS), modes=("vanilla", "herald"), shape: LinkS
     if unknown:
         raise ValueError(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
     chosen = [WORKLOADS[w] for w in workloads]
+    for mode in modes:
+        case_overrides(mode)  # a malformed case fails here, not after the first runs
     for workload in chosen:
         prepare(workload, say)
     # Every emulated host shares this machine's cores: ranks must yield while they wait in MPI, as
@@ -212,14 +215,15 @@ def run_ps(*, shape: LinkShape = LinkShape(), dims=(16, 128, 512), say=print) ->
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{'workload':<16}{'mode':<9}{'samples/s':>10}{'speedup':>8}{'AUC':>8}{'rows/it':>9}"
+    width = max(9, *(len(mode) + 1 for modes in result.values() for mode in modes))
+    lines = [f"{'workload':<16}{'mode':<{width}}{'samples/s':>10}{'speedup':>8}{'AUC':>8}{'rows/it':>9}"
              + "".join(f"{s[:8]:>9}" for s in STAGES) + f"{'emb KB/it':>10}{'rest KB/it':>11}{'worker links sent KB/it':>25}"]
     for workload, modes in result.items():
         first = next(iter(modes))
         for mode, r in modes.items():
             b = r["bytes_per_iteration"]
             per_worker = "/".join(f"{w['sent'] / 1e3:.0f}" for w in b["per_worker_link"])
-            lines.append(f"{workload:<16}{mode:<9}{r['samples_per_s']:>10.0f}{r[f'speedup_vs_{first}']:>8.2f}"
+            lines.append(f"{workload:<16}{mode:<{width}}{r['samples_per_s']:>10.0f}{r[f'speedup_vs_{first}']:>8.2f}"
                          f"{r['auc'] or float('nan'):>8.4f}{r['rows_per_iteration']:>9.0f}"
                          + "".join(f"{r['iteration_ms'][s]:>9.2f}" for s in STAGES)
                          + f"{b['embedding_payload'] / 1e3:>10.0f}{b['allreduce_and_other'] / 1e3:>11.0f}{per_worker:>25}")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from hybrid.bench import case_overrides
 from hybrid.config import Config, ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +93,7 @@ def run_case(config_path: str, case: Case, iterations: int, ranks: int, override
     with tempfile.TemporaryDirectory(prefix="hybrid-bench-") as tmp:
         summary_path = Path(tmp) / "summary.json"
         command = ["bash", str(ROOT / "launch" / "mpirun.sh"), "-n", str(ranks), sys.executable, "-m", "hybrid",
-                   "train", config_path, f"data.path={case.store}", f"scheduler.mode={case.mode}",
+                   "train", config_path, f"data.path={case.store}", *case_overrides(case.mode),
                    f"train.iterations={iterations}", *overrides, "--no-progress", "--summary-json", str(summary_path)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0 or not summary_path.is_file():
@@ -105,6 +106,8 @@ def run_case(config_path: str, case: Case, iterations: int, ranks: int, override
 def run(*, config_path: str, sizes=("smoke", "full"), modes=("vanilla", "herald"), iterations: int = 200,
         repeats: int = 3, full_rows: int = 2_000_000, overrides=(), progress=print) -> dict:
     config = load_config(config_path, list(overrides))
+    for mode in modes:
+        case_overrides(mode)  # a malformed case fails here, not after the first runs
     stores = store_specs(config, sizes, full_rows)
     for path, synthetic in stores.values():
         ensure_store(path, synthetic, progress)
@@ -144,12 +147,13 @@ def ratios(rows: list[dict], sizes, modes) -> dict:
 
 
 def format_table(result: dict) -> str:
-    head = (f"{'size':<6}{'mode':<9}{'rows':>10}{'samples/s':>10}{'moved':>10}"
+    width = max(9, *(len(r["mode"]) + 1 for r in result["cases"]))
+    head = (f"{'size':<6}{'mode':<{width}}{'rows':>10}{'samples/s':>10}{'moved':>10}"
             + "".join(f"{s[:8]:>9}" for s in STAGES) + f"{'PS up s':>8}{'PS/shard':>9}{'wk MB':>8}")
     lines = [f"{result['config']}: {result['iterations']} iterations, median of {result['repeats']}, "
              f"{result['ranks']} ranks; ms per iteration by stage", head]
     for r in result["cases"]:
-        lines.append(f"{r['size']:<6}{r['mode']:<9}{r['table_rows']:>10}{r['samples_per_s']:>10.0f}{r['rows_moved']:>10}"
+        lines.append(f"{r['size']:<6}{r['mode']:<{width}}{r['table_rows']:>10}{r['samples_per_s']:>10.0f}{r['rows_moved']:>10}"
                      + "".join(f"{r['iteration_ms'][s]:>9.2f}" for s in STAGES)
                      + f"{r['ps_startup_s']:>8.1f}{r['ps_peak_over_shard']:>9.2f}{r['worker_peak_rss_mb']:>8.0f}")
     lines.append("ratios (median of per-repeat ratios): "

@@ -47,7 +47,7 @@ def test_resuming_from_a_mid_run_checkpoint_ends_with_the_uninterrupted_model(st
                                 f"cluster.ps={n_ps}", "train.batch_per_worker=16", "cache.ratio=0.05",
                                 "model.embedding_dim=4", "model.top_mlp=[8]", "model.precision=float64",
                                 "scheduler.mode=herald", "train.iterations=30", "train.checkpoint_every=10",
-                                "train.checkpoint_keep=3", f"train.checkpoint_dir={root}"])
+                                "train.checkpoint_keep=3", f"train.checkpoint_dir={root}", "train.deterministic=true"])
     store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
     table, params, digests = _train(config, store)
     saved = ckpt.CheckpointDir(root).complete()
@@ -58,11 +58,9 @@ def test_resuming_from_a_mid_run_checkpoint_ends_with_the_uninterrupted_model(st
     resumed_table, resumed_params, resumed_digests = _train(config, store, resume=middle)
     if params is not None:  # workers: the same allocations and events from step 20
         assert resumed_digests == {step: digests[step] for step in range(20, 30)}
-    # Bit for bit with one worker; with several, Accumulates to a shared row land in arrival order,
-    # so two uninterrupted runs already differ in the last bits (tests/unit/test_resume.py).
-    tolerance = 0.0 if config.cluster.workers == 1 else 1e-12
+    # Bit for bit: train.deterministic fixes the order shared gradients are summed in
     if world.rank == 0:
-        np.testing.assert_allclose(resumed_table, table, rtol=0, atol=tolerance)
+        np.testing.assert_array_equal(resumed_table, table)
     if params is not None:
         for got, want in zip(resumed_params, params):
-            np.testing.assert_allclose(got, want, rtol=0, atol=tolerance)
+            np.testing.assert_array_equal(got, want)

@@ -1,7 +1,9 @@
 """Benchmarks run end to end on tiny inputs and report what they claim to."""
 import json
 
-from hybrid.bench import quality_bench, scheduler_bench
+import pytest
+
+from hybrid.bench import case_overrides, quality_bench, scheduler_bench
 from hybrid.cli import main
 
 
@@ -25,7 +27,7 @@ def test_quality_is_brute_force_over_policy_transmissions():
 
 
 def test_train_bench_runs_each_case_under_mpi_and_pairs_the_ratios(tmp_path):
-    """A tiny workload, one size, both modes: real runs, summaries, paired ratios."""
+    """A tiny workload, one size, two cases (one a mode with a setting): real runs, summaries, paired ratios."""
     from hybrid.bench import train_bench
 
     config = tmp_path / "tiny.yaml"
@@ -38,16 +40,27 @@ cluster: {{workers: 2, ps: 1}}
 train: {{batch_per_worker: 16}}
 cache: {{ratio: 0.05}}
 """)
-    result = train_bench.run(config_path=str(config), sizes=("smoke",), modes=("vanilla", "herald"),
+    herald = "herald+train.deterministic=true"
+    result = train_bench.run(config_path=str(config), sizes=("smoke",), modes=("vanilla", herald),
                              iterations=6, repeats=1, progress=lambda line: None)
     cases = {case["mode"]: case for case in result["cases"]}
-    assert set(cases) == {"vanilla", "herald"} and result["ranks"] == 3
+    assert set(cases) == {"vanilla", herald} and result["ranks"] == 3
     for case in cases.values():
         assert case["samples_per_s"] > 0 and case["rows_moved"] > 0 and case["table_rows"] == 34169
         assert case["ps_shard_mb"] > 0 and case["worker_peak_rss_mb"] > 0
-    expected = cases["herald"]["samples_per_s"] / cases["vanilla"]["samples_per_s"]
-    assert result["ratios"] == {"herald/vanilla smoke": round(expected, 3)}
-    assert "herald/vanilla smoke" in train_bench.format_table(result)
+    assert cases[herald]["rows_moved"] < cases["vanilla"]["rows_moved"]  # the herald schedule ran
+    expected = cases[herald]["samples_per_s"] / cases["vanilla"]["samples_per_s"]
+    assert result["ratios"] == {f"{herald}/vanilla smoke": round(expected, 3)}
+    assert f"{herald}/vanilla smoke" in train_bench.format_table(result)
+
+
+def test_a_case_is_a_mode_with_optional_settings():
+    assert case_overrides("herald") == ["scheduler.mode=herald"]
+    assert case_overrides("herald+train.deterministic=true+cache.ratio=0.2") == \
+        ["scheduler.mode=herald", "train.deterministic=true", "cache.ratio=0.2"]
+    for bad in ("", "+train.deterministic=true", "herald+deterministic"):
+        with pytest.raises(ValueError, match="MODE"):
+            case_overrides(bad)
 
 
 def test_train_bench_ratios_are_medians_of_paired_runs():

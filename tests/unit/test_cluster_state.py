@@ -287,6 +287,32 @@ def test_a_worker_reads_its_own_share_of_each_iteration(instance, focus):
         state.plan(*((rows[t + 1], allocs[t + 1]) if t + 1 < len(rows) else (None, None)))
 
 
+@settings(max_examples=100, deadline=None)
+@given(instances())
+def test_each_shared_row_has_one_accumulate_per_turn_in_worker_order(instance):
+    """Turn k of a shared row is its (k+1)-th trainer by worker index; rounds = the most trainers of a row.
+
+    The runtime adds turn 0, then turn 1, ... (train.deterministic): this is
+    what makes every row's sum come out in one order on every run.
+    """
+    n_workers, n_rows, capacity, sync, rows, allocs, policy = instance
+    state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=sync == "full_set",
+                         max_pairs=rows[0].size, p2p=sync == "p2p", policy=policy)
+    state.set_needs(rows[0], allocs[0])
+    for t in range(len(rows)):
+        state.train()
+        trainers = {}  # row -> [(worker, turn)]
+        for w in range(n_workers):
+            group = state.worker_events(w)["accumulate"]
+            for e, turn in zip(group["rows"].tolist(), group["turns"].tolist()):
+                trainers.setdefault(e, []).append((w, turn))
+        for e, pairs in trainers.items():
+            assert [turn for _, turn in pairs] == list(range(len(pairs)))
+            assert len(pairs) == len({int(w) for w, r in zip(allocs[t], rows[t]) if e in r.tolist()}) >= 2
+        assert state.accumulate_rounds == max((len(p) for p in trainers.values()), default=0)
+        state.plan(*((rows[t + 1], allocs[t + 1]) if t + 1 < len(rows) else (None, None)))
+
+
 def test_event_digest_changes_with_any_event():
     rows = np.array([[1, 2], [2, 3]], dtype=np.int64)
     digests = []

@@ -3,10 +3,10 @@
 A run killed (kill -9 of a worker or of the PS rank) or stopped by a signal,
 then resumed from its newest checkpoint, ends with the model of the run that
 was never interrupted, and its scheduler makes the same allocations and
-events from the step it resumed at. The float64 values are compared to
-1e-12, not bit for bit: Accumulates of a row that several workers train
-reach the PS in arrival order, so two uninterrupted runs already differ in
-the last bits (about 1e-16).
+events from the step it resumed at. The float64 tables and MLP are compared
+bit for bit: the runs set ``train.deterministic``, which adds each shared
+row's gradients in worker order and allreduces the MLP gradients as one
+group (without it, two uninterrupted runs already differ by about 1e-16).
 """
 import os
 import shutil
@@ -29,7 +29,7 @@ def _train_args(store: Path, checkpoints: Path, log: Path, *extra: str) -> list:
     return [sys.executable, "-m", "hybrid", "train", "configs/w1-smoke.yaml", f"data.path={store}",
             "train.batch_per_worker=16", f"train.iterations={ITERATIONS}", "model.precision=float64",
             "train.checkpoint_every=40", "train.checkpoint_keep=3", f"train.checkpoint_dir={checkpoints}",
-            "--no-progress", "--log-jsonl", str(log), *extra]
+            "train.deterministic=true", "--no-progress", "--log-jsonl", str(log), *extra]
 
 
 def _run(*args) -> subprocess.CompletedProcess:
@@ -62,12 +62,12 @@ def reference(tmp_path_factory):
 
 
 def _assert_same_model(final: Path, reference: Path) -> None:
-    """Final tables and MLP of two runs equal to 1e-12 (see the module docstring)."""
-    np.testing.assert_allclose(np.load(final / "ps-0.npy"), np.load(reference / "ps-0.npy"), rtol=0, atol=1e-12)
+    """Final tables and MLP of two runs, bit for bit."""
+    np.testing.assert_array_equal(np.load(final / "ps-0.npy"), np.load(reference / "ps-0.npy"))
     mine = torch.load(final / "dense.pt", weights_only=True)
     theirs = torch.load(reference / "dense.pt", weights_only=True)
     for name, tensor in theirs["model"].items():
-        np.testing.assert_allclose(mine["model"][name].numpy(), tensor.numpy(), rtol=0, atol=1e-12, err_msg=name)
+        np.testing.assert_array_equal(mine["model"][name].numpy(), tensor.numpy(), err_msg=name)
 
 
 def _resume_and_compare(reference: Path, checkpoints: Path, tmp_path: Path, *extra: str) -> str:
