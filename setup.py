@@ -48,6 +48,7 @@ setup(
         "omegaconf>=2.3",
         "tqdm>=4.66",
         "scikit-learn>=1.3",
+        "scipy>=1.10",
         "pyarrow>=14",
         "pandas>=2.0",
     ],

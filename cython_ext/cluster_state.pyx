@@ -974,6 +974,39 @@ cdef class ClusterState:
         """For the events of the last call: pulls of rows the previous iteration did not write to the PS."""
         return np.asarray(self.ev_early[:self.n_events]).astype(bool)
 
+    def p2p_sends(self, int w):
+        """The P2P rows worker ``w`` sends after ``train()``: each receiver's, in the receiver's event order.
+
+        A dict of arrays: ``receivers``, ``rows``, ``slots`` (``w``'s slots,
+        where the rows are) and ``receiver_slots``. Both sides walk the same
+        events, so the rows ``w`` packs for ``v`` come in the order ``v``
+        lists them: no ids or slots travel with the values.
+        """
+        if w < 0 or w >= self.n_workers:
+            raise ValueError(f"worker must be in [0, {self.n_workers}), got {w}")
+        if not self.spans_valid:
+            raise StateError("p2p_sends() reads the events of train(); call it before plan()")
+        cdef int64_t i, k = 0, n = 0
+        cdef int v
+        with nogil:
+            for v in range(self.n_workers):
+                for i in range(self.pull_span[2 * v], self.pull_span[2 * v + 1]):
+                    if self.ev_kind[i] == K_P2P and self.ev_peer[i] == w:
+                        n += 1
+        receivers_array, rows_array = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int64)
+        slots_array, receiver_slots_array = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32)
+        cdef int32_t[::1] receivers = receivers_array, slots = slots_array, receiver_slots = receiver_slots_array
+        cdef int64_t[::1] rows = rows_array
+        with nogil:
+            for v in range(self.n_workers):
+                for i in range(self.pull_span[2 * v], self.pull_span[2 * v + 1]):
+                    if self.ev_kind[i] == K_P2P and self.ev_peer[i] == w:
+                        receivers[k], rows[k] = v, self.ev_row[i]
+                        slots[k], receiver_slots[k] = self.ev_peer_slot[i], self.ev_slot[i]
+                        k += 1
+        return {"receivers": receivers_array, "rows": rows_array, "slots": slots_array,
+                "receiver_slots": receiver_slots_array}
+
     def worker_events(self, int w):
         """Worker ``w``'s events of the last call by kind name, each kind's in execution order.
 

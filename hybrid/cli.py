@@ -177,6 +177,35 @@ def cmd_config(args) -> int:
     return 0
 
 
+def cmd_fae(args) -> int:
+    """FAE's calibration of a workload's store: hot rows and hot inputs, kept beside the data."""
+    import time
+
+    import numpy as np
+
+    from hybrid.data.store import BatchStore
+    from hybrid.fae_calibration import stored_calibration
+
+    config = load_config(args.config, args.overrides)
+    store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
+    row_bytes = config.model.embedding_dim * np.dtype(config.model.precision.value).itemsize
+    start = time.perf_counter()
+    stored = stored_calibration(store, row_bytes=row_bytes, budget_bytes=int(config.fae.budget_mb * 2**20),
+                                sample_fraction=config.fae.sample_fraction, seed=config.seed,
+                                say=lambda line: print(line, file=sys.stderr))
+    s = stored.summary
+    if args.json:
+        print(json.dumps({**s, "path": str(stored.path), "seconds": round(time.perf_counter() - start, 3)}))
+        return 0
+    print(f"{config.name}: cutoff {s['cutoff']} sampled accesses ({s['sampled_inputs']} inputs sampled); "
+          f"{s['hot_rows']} hot rows, {s['hot_bytes'] / 2**20:.1f} MB (estimated at most "
+          f"{s['estimated_bytes'] / 2**20:.1f} MB, budget {s['budget_bytes'] / 2**20:.0f} MB); "
+          f"{s['hot_inputs']} of {s['inputs']} training inputs hot ({s['hot_inputs'] / max(1, s['inputs']):.1%})")
+    print(f"  hot rows per table: {s['hot_rows_per_table']}")
+    print(f"  kept in {stored.path} ({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
 def cmd_simulate(args) -> int:
     from hybrid.config import Mode
     from hybrid.simulator import reduction, simulate
@@ -412,6 +441,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print HYBRID_WORKERS=.. HYBRID_PS=.. HYBRID_RANKS=.. HYBRID_CHECKPOINT_DIR=.. (for launchers)")
     p.add_argument("overrides", nargs="*")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("fae", help="FAE's calibration: hot rows within fae.budget_mb, hot and cold inputs")
+    p.add_argument("config")
+    p.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    p.add_argument("overrides", nargs="*", help="config overrides key=value")
+    p.set_defaults(func=cmd_fae)
 
     p = sub.add_parser("simulate", help="count embedding transmissions per mode, without MPI")
     p.add_argument("--config", required=True)

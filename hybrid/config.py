@@ -157,6 +157,12 @@ class SchedulerConfig:
 
 
 @dataclass
+class FaeConfig:
+    budget_mb: float = 256.0  # memory for the hot rows replicated on every worker (tables under 1 MB included)
+    sample_fraction: float = 0.05  # of the training inputs, for the access counts
+
+
+@dataclass
 class Config:
     name: str = "unnamed"
     seed: int = 0
@@ -166,6 +172,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    fae: FaeConfig = field(default_factory=FaeConfig)
 
     @property
     def global_batch(self) -> int:
@@ -309,6 +316,8 @@ def validate(config: Config) -> None:
            f"must be >= 0, got {c.scheduler.warmup_iterations}")
     _check(c.scheduler.score_tables >= 0, "scheduler.score_tables", f"must be >= 0, got {c.scheduler.score_tables}")
     _check(c.scheduler.budget_ms >= 0, "scheduler.budget_ms", f"must be >= 0, got {c.scheduler.budget_ms}")
+    _check(c.fae.budget_mb >= 0, "fae.budget_mb", f"must be >= 0, got {c.fae.budget_mb}")
+    _check(0 < c.fae.sample_fraction <= 1, "fae.sample_fraction", f"must be in (0, 1], got {c.fae.sample_fraction}")
     _check(bool(c.data.path), "data.path", "must name the store directory")
     synthetic = c.data.synthetic
     if synthetic is not None:

@@ -47,6 +47,22 @@ class Transfer:
 
 
 @dataclass(frozen=True)
+class PeerTransfer:
+    """Rows one worker sends to, or receives from, other workers' caches (P2P; hybrid.p2p_transport)."""
+
+    peers: np.ndarray  # int32: the receiver of each sent row, or the sender of each received row
+    rows: np.ndarray  # int64 global row ids
+    slots: np.ndarray  # int32 this worker's cache slots: where sent rows are, or received rows go
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @staticmethod
+    def empty() -> "PeerTransfer":
+        return PeerTransfer(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int32))
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     """What one worker executes in one iteration. Every array follows the batch, never the cache.
 
@@ -77,7 +93,8 @@ class WorkerPlan:
     plan_push: Transfer
     accumulate_turns: np.ndarray
     accumulate_rounds: int
-    p2p: int  # P2P receptions (the runtime executes PS plans only)
+    p2p_in: PeerTransfer  # rows other workers send this worker at the start of the iteration (P2P mode)
+    p2p_out: PeerTransfer  # rows this worker sends them
 
 
 @dataclass
@@ -202,12 +219,14 @@ class Scheduler:
         """The focus worker's needs and train events, read before ``plan`` overwrites them."""
         if self.state.focus < 0:
             return None
-        return self.state.focus_needs(), self.state.worker_events(self.state.focus), self.state.accumulate_rounds
+        sends = self.state.p2p_sends(self.state.focus) if self.state.p2p else None
+        return (self.state.focus_needs(), self.state.worker_events(self.state.focus), self.state.accumulate_rounds,
+                sends)
 
     def _work(self, trained: Optional[tuple]) -> Optional[WorkerPlan]:
         if trained is None:
             return None
-        (samples, index, rows, slots), events, rounds = trained
+        (samples, index, rows, slots), events, rounds, sends = trained
         plan_push = self.state.worker_events(self.state.focus)["plan_push"]
         pull = events["pull"]
         early = pull["early"]
@@ -218,7 +237,10 @@ class Scheduler:
             pull=Transfer(pull["rows"][~early], pull["slots"][~early]),
             prefetch=Transfer(pull["rows"][early], pull["slots"][early]),
             plan_push=Transfer(plan_push["rows"], plan_push["slots"]),
-            accumulate_turns=events["accumulate"]["turns"], accumulate_rounds=rounds, p2p=len(events["p2p"]["rows"]))
+            accumulate_turns=events["accumulate"]["turns"], accumulate_rounds=rounds,
+            p2p_in=PeerTransfer(events["p2p"]["peers"], events["p2p"]["rows"], events["p2p"]["slots"]),
+            p2p_out=PeerTransfer.empty() if sends is None else
+            PeerTransfer(sends["receivers"], sends["rows"], sends["slots"]))
 
     def save_arrays(self) -> dict:
         """What the plans after the one last yielded depend on, as arrays (docs/design.md section 13).

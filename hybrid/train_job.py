@@ -165,7 +165,8 @@ def _rank_report(trainer: HybridTrainer) -> dict:
 def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds: float,
                evaluation: Optional[dict], ranks: Optional[list]) -> Optional[dict]:
     """Totals over workers (collective over the workers); the summary on worker 0."""
-    moved = np.array([sum(r["moved"][k] for r in log) for k in ("pull", "put", "accumulate")], dtype=np.int64)
+    moved = np.array([sum(r["moved"].get(k, 0) for r in log) for k in ("pull", "put", "accumulate", "p2p")],
+                     dtype=np.int64)
     total = trainer.roles.workers.allreduce(moved)
     loss_sum = trainer.roles.workers.allreduce(sum(r["loss_sum"] for r in log))
     mean_ms = {s: 1000 * sum(r["timing"].get(s, 0.0) for r in log) / max(1, len(log)) for s in STAGES}
@@ -174,7 +175,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
     counts = {k: sum(r["counts"][k] for r in log) for k in log[0]["counts"]} if log else {}
     needed = counts.get("local", 0) + counts.get("accumulate", 0) + counts.get("full_set_push", 0)
     row_bytes = config.model.embedding_dim * np.dtype(config.model.precision.value).itemsize
-    pulls, pushes = int(total[0]), int(total[1] + total[2])
+    pulls, pushes, p2p = int(total[0]), int(total[1] + total[2]), int(total[3])
     samples = sum(r["samples"] for r in log)
     training = seconds - trainer.run.paused_seconds  # throughput leaves out checkpoints and evaluations
     shard_rows = trainer.table.ranges.shard_rows
@@ -183,8 +184,9 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         "ps": config.cluster.ps, "model": config.model.name.value, "iterations": len(log), "samples": samples,
         "seconds": round(seconds, 3), "paused_seconds": round(trainer.run.paused_seconds, 3),
         "throughput": round(samples / training, 1) if training > 0 else 0.0,
-        "transmissions": {"pull_rows": pulls, "push_rows": pushes, "rows": pulls + pushes,
-                          "pull_bytes": pulls * row_bytes, "push_bytes": pushes * row_bytes},
+        "transmissions": {"pull_rows": pulls, "push_rows": pushes, "p2p_rows": p2p, "rows": pulls + pushes + p2p,
+                          "pull_bytes": pulls * row_bytes, "push_bytes": pushes * row_bytes,
+                          "p2p_bytes": p2p * row_bytes},
         "hit_rate": round(1 - counts.get("pull", 0) / needed, 6) if needed else 0.0,
         "train_loss": round(loss_sum / samples, 6) if samples else float("nan"),
         "events": counts, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},
@@ -202,9 +204,10 @@ def format_summary(summary: dict) -> str:
     t, e = summary["transmissions"], summary["evaluation"]
     tested = (f"test AUC {e['auc']:.4f}, log loss {e['logloss']:.4f} on {e['samples']} samples" if e
               else "not evaluated (stopped early)")
+    p2p = f", p2p {t['p2p_rows']}" if t.get("p2p_rows") else ""
     return (f"{summary['config']} {summary['mode']}: {summary['workers']} workers + {summary['ps']} PS, "
             f"{summary['iterations']} iterations, {summary['throughput']:.0f} samples/s; "
-            f"transmissions {t['rows']} rows (pull {t['pull_rows']}, push {t['push_rows']}), "
+            f"transmissions {t['rows']} rows (pull {t['pull_rows']}, push {t['push_rows']}{p2p}), "
             f"hit rate {summary['hit_rate']:.1%}; train loss {summary['train_loss']:.4f}, {tested}")
 
 

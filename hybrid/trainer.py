@@ -11,9 +11,11 @@ worker's distinct rows, its samples, its events; never the cache or a table.
 Stages of iteration ``t`` (each a ``torch.profiler.record_function`` range,
 and the time breakdown of the summary):
 
-- ``pull``: write back evicted dirty rows and read the rows ``t`` needs
-  that the previous iteration wrote (one flush); place the rows prefetched
-  during ``t - 1``; start reading ``t + 1``'s prefetchable rows;
+- ``pull``: in P2P mode, send the rows other workers need from this cache
+  and receive theirs (``hybrid.p2p_transport``); write back evicted dirty
+  rows and read the rows ``t`` needs that the previous iteration wrote (one
+  flush); place the received rows and those prefetched during ``t - 1``;
+  start reading ``t + 1``'s prefetchable rows;
 - ``compute``: forward/backward of the worker's samples;
 - ``allreduce``: the MLP gradients, summed over the workers;
 - ``push``: local SGD, then start Accumulate/Put of shared, full-set and
@@ -51,6 +53,7 @@ import numpy as np
 import torch
 
 from hybrid import checkpoint as ckpt
+from hybrid import p2p_transport
 from hybrid.comm import Roles, init_horovod
 from hybrid.config import Config, SyncMode
 from hybrid.data.store import BatchStore, GlobalBatch
@@ -115,9 +118,6 @@ class HybridTrainer:
 
     def __init__(self, config: Config, roles: Roles, store: BatchStore, *,
                  resume: Optional[ckpt.Checkpoint] = None, stop: Optional[StopRequest] = None):
-        if config.scheduler.sync is SyncMode.p2p:
-            raise ValueError("scheduler.sync=p2p runs in the simulator only so far; the runtime executes "
-                             "PS plans (scheduler.sync=ps)")
         start = time.perf_counter()
         self.config, self.roles, self.data = config, roles, store
         self.stop = stop or StopRequest()
@@ -134,6 +134,7 @@ class HybridTrainer:
         self.hvd = init_horovod(roles)
         self.last_loss = 0.0
         self._served = False  # the workers have released the PS ranks (end_service)
+        self.peers = None  # workers in P2P mode: their own communicator for rows sent cache to cache
         if roles.is_ps:
             self.startup_seconds = time.perf_counter() - start
             return
@@ -141,6 +142,8 @@ class HybridTrainer:
         if config.train.verify_cache:
             self.scheduler.snapshot_worker = roles.worker
         self.cache = np.zeros((self.scheduler.state.capacity, dim), dtype=self.dtype)  # rows by slot
+        if config.scheduler.sync is SyncMode.p2p:
+            self.peers = roles.workers.Dup()
         torch.set_num_threads(config.train.threads or roles.threads)
         self.device = self._device(config.train.device)
         self.model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables,
@@ -244,6 +247,7 @@ class HybridTrainer:
             before = dict(self.table.rows_moved)
             following, upcoming, stop = self._iteration(ready, upcoming, plans, stages)
             moved = {k: self.table.rows_moved[k] - before[k] for k in before}
+            moved["p2p"] = len(ready.plan.work.p2p_in)  # rows received from other workers' caches
             prefetched = len(ready.plan.work.prefetch) if ready.prefetched is not None else 0
             record = {"step": ready.plan.step, "counts": ready.plan.counts, "moved": moved,
                       "prefetched": prefetched, "digest": ready.plan.digest, "timing": stages.seconds,
@@ -361,8 +365,6 @@ class HybridTrainer:
     def _ready(self, plan: BatchPlan, batch: GlobalBatch, prefetched, stages: Stages) -> _Ready:
         """The iteration's inputs as tensors: its samples' dense features, labels and row positions."""
         work = plan.work
-        if work.p2p:
-            raise RuntimeError("P2P events reached the runtime, which executes PS plans only")
         with stages("data"):
             dense = torch.from_numpy(batch.dense[work.samples]).to(self.device, self.torch_dtype)
             labels = torch.from_numpy(batch.labels[work.samples]).to(self.device, self.torch_dtype)
@@ -379,11 +381,15 @@ class HybridTrainer:
         """
         work, (dense, labels, index) = ready.plan.work, ready.inputs
         with stages("pull"):
+            exchange = p2p_transport.start(self.peers, self.cache, work.p2p_out, work.p2p_in) \
+                if self.peers is not None else None  # before anything of this iteration lands in the cache
             handles = [self.table.put(work.writeback.rows, self.cache[work.writeback.slots]),
                        self.table.pull(work.pull.rows, self.cache, at=work.pull.slots)]
             if ready.prefetched is None:  # nothing was read ahead (first iteration, or overlap off)
                 handles.append(self.table.pull(work.prefetch.rows, self.cache, at=work.prefetch.slots))
             self.table.complete(*handles)
+            if exchange is not None:  # after the write-backs copied the slots the rows land in
+                exchange.complete(self.cache)
             if ready.prefetched is not None:  # completed by the last iteration's final flush
                 self.cache[work.prefetch.slots] = ready.prefetched[1]
             ahead = self._prefetch(upcoming[0]) if (upcoming is not None and self.overlap) else None
@@ -536,4 +542,7 @@ class HybridTrainer:
         self.end_service()
         if self.hvd is not None:
             self.hvd.shutdown()
+        if self.peers is not None:
+            self.peers.Free()
+            self.peers = None
         self.table.close()

@@ -136,8 +136,10 @@ def case_report(summaries: list[dict], link: str) -> dict:
     workers = [r for r in last["ranks"] if r["role"] == "worker"]
     worker_link = [{k: v // iterations for k, v in r["train_link_bytes"].items()} for r in workers]
     t = last["transmissions"]
-    upstream = (t["push_bytes"] + 8 * t["rows"]) // iterations  # pushed rows, and every row's id (packed)
+    ps_rows = t["pull_rows"] + t["push_rows"]
+    upstream = (t["push_bytes"] + 8 * ps_rows) // iterations  # pushed rows, and every PS row's id (packed)
     downstream = t["pull_bytes"] // iterations
+    p2p = t.get("p2p_bytes", 0) // iterations  # rows sent worker to worker: values only
     sent = sum(r["sent"] for r in worker_link)
     return {
         "link": link, "transport": last.get("transport"), "repeats": len(summaries),
@@ -148,11 +150,11 @@ def case_report(summaries: list[dict], link: str) -> dict:
         "iteration_ms": {k: round(statistics.median(s["iteration_ms"].get(k, 0.0) for s in summaries), 3)
                          for k in STAGES},
         "bytes_per_iteration": {
-            "embedding_payload": upstream + downstream,
+            "embedding_payload": upstream + downstream + p2p,
             "workers_link_sent": sent,
             "workers_link_received": sum(r["received"] for r in worker_link),
             # bytes one worker sent to another (each counted once, at its sender): the allreduce
-            "allreduce_and_other": max(0, sent - upstream),
+            "allreduce_and_other": max(0, sent - upstream - p2p),
             "per_worker_link": worker_link,
         },
         "host_bytes_whole_run": last["host_bytes"],

@@ -72,3 +72,25 @@ def test_exact_under_heavy_cache_churn(store_path, mode, overlap, transport):
             assert prefetched == 0
         if mode == "herald":
             assert sum(r["counts"]["writeback"] for r in run.log) > 100
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["plan", "herald"])
+@pytest.mark.parametrize("ratio", [0.008, 0.0061], ids=["evicting", "one-working-set"])
+def test_p2p_plans_equal_the_single_process_reference(store_path, mode, ratio):
+    """Rows sent cache to cache land where the receiver's write-backs have already copied their slots."""
+    world = MPI.COMM_WORLD
+    iterations = 40
+    config = load_config(None, [f"data.path={store_path}", f"cluster.workers={world.size - 1}", "cluster.ps=1",
+                                "train.batch_per_worker=8", f"cache.ratio={ratio}", f"scheduler.mode={mode}",
+                                "scheduler.sync=p2p", "model.name=dlrm", "model.precision=float64",
+                                "model.embedding_dim=4", "model.bottom_mlp=[8]", "model.top_mlp=[8]",
+                                "train.embedding_lr=0.1", "train.dense_lr=0.05", "seed=7"])
+    store = BatchStore(store_path)
+    run = distributed_run.train(config, store, iterations)
+    received = world.allreduce(sum(r["moved"]["p2p"] for r in run.log))
+    if world.rank == 0:
+        distributed_run.assert_equals_reference(run, config, store, iterations)
+        assert received == sum(r["counts"]["p2p"] for r in run.log) > 0
+        assert sum(r["counts"]["writeback"] for r in run.log) > 0

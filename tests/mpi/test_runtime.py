@@ -31,20 +31,20 @@ def _config(store_path, *overrides):
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["vanilla", "herald"])
+@pytest.mark.parametrize("mode,sync", [("vanilla", "ps"), ("herald", "ps"), ("herald", "p2p")])
 @pytest.mark.parametrize("transport", ["rma", "packed"])
-def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, transport):
+def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, sync, transport):
     world = MPI.COMM_WORLD
-    config = _config(store_path, f"scheduler.mode={mode}", f"cluster.transport={transport}")
+    config = _config(store_path, f"scheduler.mode={mode}", f"scheduler.sync={sync}", f"cluster.transport={transport}")
     store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
     roles = split_roles(config.cluster.workers, config.cluster.ps)
     trainer = HybridTrainer(config, roles, store)
     log = trainer.train(40)
     digests = [r["digest"] for r in log]
-    moved = np.array([sum(r["moved"][k] for r in log) for k in ("pull", "put", "accumulate")])
+    moved = np.array([sum(r["moved"][k] for r in log) for k in ("pull", "put", "accumulate", "p2p")])
     trainer.close()
     everyone = world.allgather(None if roles.is_ps else digests)
-    totals = world.allreduce(np.zeros(3, np.int64) if roles.is_ps else moved)
+    totals = world.allreduce(np.zeros(4, np.int64) if roles.is_ps else moved)
     roles.free()
     workers = [d for d in everyone if d is not None]
     assert len(workers) == config.cluster.workers and all(d == workers[0] for d in workers)
@@ -52,6 +52,9 @@ def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, tr
     assert simulated.iterations == 40
     assert totals[0] == simulated.pulls
     assert totals[1] + totals[2] == simulated.pushes
+    assert totals[3] == simulated.p2p
+    if sync == "p2p" and config.cluster.workers > 1:
+        assert simulated.p2p > 0, "no row went worker to worker: the test would mean nothing"
 
 
 @pytest.mark.mpi(min_size=3)

@@ -98,3 +98,11 @@ def test_sigterm_while_writing_a_store_leaves_nothing_behind(tmp_path):
     assert process.returncode == 130, err
     assert "interrupted (SIGTERM); no partial store was left behind" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cli_and_the_scheduler_do_not_start_mpi_on_import():
+    """A process that imported MPI is an MPI singleton: an mpirun it starts (bench train) fails at once."""
+    code = ("import sys, hybrid.cli, hybrid.scheduler, hybrid.simulator, hybrid.bench.train_bench, "
+            "hybrid.fae_calibration; assert 'mpi4py.MPI' not in sys.modules, 'mpi4py.MPI was imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

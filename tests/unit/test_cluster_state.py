@@ -289,6 +289,32 @@ def test_a_worker_reads_its_own_share_of_each_iteration(instance, focus):
 
 @settings(max_examples=100, deadline=None)
 @given(instances())
+def test_a_p2p_sender_lists_each_receivers_rows_in_the_receivers_order(instance):
+    """What w packs for v is v's P2P rows from w, in v's order: the message carries values only."""
+    n_workers, n_rows, capacity, _, rows, allocs, policy = instance
+    state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=False,
+                         max_pairs=rows[0].size, p2p=True, policy=policy)
+    state.set_needs(rows[0], allocs[0])
+    for t in range(len(rows)):
+        before = [state.cache_rows(w) for w in range(n_workers)]
+        state.train()
+        received = {v: state.worker_events(v)["p2p"] for v in range(n_workers)}
+        for w in range(n_workers):
+            sends = state.p2p_sends(w)
+            expected = [(v, e, int(s_w), int(s_v)) for v in range(n_workers)
+                        for e, s_v, peer, s_w in zip(received[v]["rows"].tolist(), received[v]["slots"],
+                                                     received[v]["peers"], received[v]["peer_slots"]) if peer == w]
+            got = list(zip(sends["receivers"].tolist(), sends["rows"].tolist(), sends["slots"].tolist(),
+                           sends["receiver_slots"].tolist()))
+            assert got == expected
+            assert all(before[w][s] == e for _, e, s, _ in got), "the sender's slot held the row when t began"
+        state.plan(*((rows[t + 1], allocs[t + 1]) if t + 1 < len(rows) else (None, None)))
+    with pytest.raises(StateError, match="before plan"):
+        state.p2p_sends(0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(instances())
 def test_each_shared_row_has_one_accumulate_per_turn_in_worker_order(instance):
     """Turn k of a shared row is its (k+1)-th trainer by worker index; rounds = the most trainers of a row.
 

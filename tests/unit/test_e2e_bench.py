@@ -58,8 +58,8 @@ def _summary(throughput, pull_rows, push_rows, sent):
     row_bytes = 512
     return {"throughput": throughput, "iterations": 10, "transport": "packed",
             "evaluation": {"auc": 0.7}, "iteration_ms": {"pull": 1.0},
-            "transmissions": {"rows": pull_rows + push_rows, "pull_bytes": pull_rows * row_bytes,
-                              "push_bytes": push_rows * row_bytes},
+            "transmissions": {"rows": pull_rows + push_rows, "pull_rows": pull_rows, "push_rows": push_rows,
+                              "pull_bytes": pull_rows * row_bytes, "push_bytes": push_rows * row_bytes},
             "ranks": [{"role": "worker", "train_link_bytes": {"sent": s, "received": 0}} for s in sent]
             + [{"role": "ps", "train_link_bytes": {"sent": 0, "received": 0}}],
             "host_bytes": [{"sent": 1, "received": 1}]}
