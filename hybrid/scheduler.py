@@ -19,20 +19,9 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 
 from hybrid._ext.cluster_state import KIND_NAMES, ClusterState
-from hybrid.allocation import AdaptiveLaiaAllocation, AllocationPolicy, LaiaAllocation, RandomAllocation
-from hybrid.config import Config, LaiaVariant, Mode, SyncMode
-
-# mode -> (LAIA allocation?, full-set synchronization?)  (docs/design.md section 7)
-MODES = {
-    Mode.vanilla: (False, True),
-    Mode.laia: (True, True),
-    Mode.plan: (False, False),
-    Mode.herald: (True, False),
-}
-
-
-class SchedulerError(ValueError):
-    """The scheduler cannot run this configuration."""
+from hybrid.allocation import AllocationPolicy
+from hybrid.config import Config, Mode
+from hybrid.modes import SchedulerError, policy_for
 
 
 @dataclass(frozen=True)
@@ -154,20 +143,10 @@ class Scheduler:
         Cheap (nothing is allocated), so training runs it on every rank
         before any collective: such an error then stops every rank alike.
         """
-        mode = config.scheduler.mode if mode is None else mode
-        if mode not in MODES:
-            raise SchedulerError(f"scheduler.mode={mode.value} is not implemented yet; "
-                                 f"implemented: {', '.join(m.value for m in MODES)}")
+        policy_for(config.scheduler.mode if mode is None else mode).check(config)
         cardinalities = np.asarray(cardinalities, dtype=np.int64)
-        capacity = cache_capacity(int(cardinalities.sum()), config.cache.ratio, config.train.batch_per_worker,
-                                  len(cardinalities))
-        if config.scheduler.staleness:
-            raise SchedulerError(f"scheduler.staleness={config.scheduler.staleness} applies to mode het, "
-                                 f"which is not implemented yet; use scheduler.staleness=0 (BSP)")
-        if config.scheduler.sync is SyncMode.p2p and MODES[mode][1]:
-            raise SchedulerError(f"scheduler.sync=p2p needs an on-demand mode (plan or herald), "
-                                 f"not {mode.value}")
-        return capacity
+        return cache_capacity(int(cardinalities.sum()), config.cache.ratio, config.train.batch_per_worker,
+                              len(cardinalities))
 
     @classmethod
     def from_config(cls, config: Config, *, cardinalities, mode: Mode | None = None,
@@ -176,22 +155,10 @@ class Scheduler:
         capacity = cls.check(config, cardinalities, mode)
         cardinalities = np.asarray(cardinalities, dtype=np.int64)
         n_rows, n_tables = int(cardinalities.sum()), len(cardinalities)
-        n_workers, per_worker = config.cluster.workers, config.train.batch_per_worker
-        uses_laia, full_set = MODES[mode]
-        p2p = config.scheduler.sync is SyncMode.p2p
-        state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=full_set,
-                             max_pairs=n_workers * per_worker * n_tables, p2p=p2p, policy=config.cache.policy.value,
-                             focus=-1 if worker is None else worker, annotate=worker is not None)
-        if not uses_laia:
-            policy = RandomAllocation(n_workers, config.seed)
-        else:
-            variant, sched = config.scheduler.laia, config.scheduler
-            if variant is LaiaVariant.adaptive:
-                policy = AdaptiveLaiaAllocation(state, config.seed, cardinalities, score_tables=sched.score_tables,
-                                                budget_ms=sched.budget_ms, threads=sched.threads)
-            else:
-                chunks = sched.chunks if variant is LaiaVariant.chunked else None
-                policy = LaiaAllocation(state, config.seed, chunks=chunks, threads=sched.threads)
+        max_pairs = config.cluster.workers * config.train.batch_per_worker * n_tables
+        chosen = policy_for(mode)
+        state = chosen.cluster_state(config, n_rows=n_rows, capacity=capacity, max_pairs=max_pairs, worker=worker)
+        policy = chosen.allocation_policy(config, state, cardinalities)
         offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64)
         return cls(mode=mode, state=state, policy=policy, table_offsets=offsets)
 

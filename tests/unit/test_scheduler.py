@@ -89,6 +89,22 @@ def test_unimplemented_modes_say_so(criteo_like):
         Scheduler.from_config(_config(criteo_like, "scheduler.staleness=2"), cardinalities=store.cardinalities)
 
 
+def test_every_mode_is_one_policy_and_the_built_ones_schedule(criteo_like):
+    """Allocation and synchronization per mode (docs/design.md section 7); one loop runs them all."""
+    from hybrid.modes import POLICIES, Allocation, Sync
+
+    assert set(POLICIES) == set(Mode)
+    assert {m.value: (p.allocation, p.sync) for m, p in POLICIES.items()} == {
+        "vanilla": (Allocation.random, Sync.full_set), "laia": (Allocation.laia, Sync.full_set),
+        "plan": (Allocation.random, Sync.on_demand), "herald": (Allocation.laia, Sync.on_demand),
+        "het": (Allocation.contiguous, Sync.het_clocks), "fae": (Allocation.hot_cold, Sync.fae_replicas)}
+    store = BatchStore(criteo_like)
+    for mode, policy in POLICIES.items():
+        if policy.built:
+            scheduler = Scheduler.from_config(_config(criteo_like), cardinalities=store.cardinalities, mode=mode)
+            assert scheduler.state.full_set == (policy.sync is Sync.full_set)
+
+
 def test_herald_cuts_transmissions_on_data_with_locality(criteo_like):
     results = simulate(_config(criteo_like), [Mode.vanilla, Mode.laia, Mode.plan, Mode.herald], iterations=200)
     vanilla, laia, plan, herald = (results[m] for m in (Mode.vanilla, Mode.laia, Mode.plan, Mode.herald))

@@ -1,0 +1,102 @@
+"""The training modes, each one policy of the single training loop (docs/design.md section 7).
+
+A mode is two choices, not a loop of its own:
+
+- **allocation**: which worker trains each sample of a global batch
+  (seeded random, LAIA, contiguous shards, or FAE's hot and cold batches);
+- **synchronization**: how the cluster state moves embedding rows between
+  the PS and the caches, which fixes the events the runtime executes and
+  the simulator counts (full-set pushes, on-demand plans over the PS or
+  peer to peer, HET's staleness clocks, FAE's replicated hot rows).
+
+:func:`policy_for` gives a mode's :class:`ModePolicy`; the scheduler builds
+its allocation policy and cluster state from it, and refuses a config the
+mode cannot run before any collective. HET and FAE are declared here with
+their choices but not built yet: asking for them is a clear error.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybrid._ext.cluster_state import ClusterState
+from hybrid.allocation import AdaptiveLaiaAllocation, AllocationPolicy, LaiaAllocation, RandomAllocation
+from hybrid.config import Config, LaiaVariant, Mode, SyncMode
+
+
+class SchedulerError(ValueError):
+    """The scheduler cannot run this configuration (e.g. a mode asked for what it cannot do)."""
+
+
+class Allocation(str, enum.Enum):
+    random = "seeded random, balanced"
+    laia = "LAIA"
+    contiguous = "contiguous shards per worker"
+    hot_cold = "FAE's hot and cold mini-batches"
+
+
+class Sync(str, enum.Enum):
+    full_set = "every trained row pushed each iteration"
+    on_demand = "on-demand plan (PS or peer to peer)"
+    het_clocks = "HET's staleness-bounded cache"
+    fae_replicas = "hot rows replicated, cold rows through the PS"
+
+
+@dataclass(frozen=True)
+class ModePolicy:
+    """One mode: its allocation and synchronization choices, and how they are built."""
+
+    mode: Mode
+    allocation: Allocation
+    sync: Sync
+    built: bool = True
+
+    def check(self, config: Config) -> None:
+        """Raise :class:`SchedulerError` when this mode cannot run ``config``."""
+        if not self.built:
+            built = ", ".join(m.value for m, p in POLICIES.items() if p.built)
+            raise SchedulerError(f"scheduler.mode={self.mode.value} is not implemented yet ({self.sync.value}); "
+                                 f"implemented: {built}")
+        if config.scheduler.staleness and self.sync is not Sync.het_clocks:
+            raise SchedulerError(f"scheduler.staleness={config.scheduler.staleness} applies to mode het only; "
+                                 f"use scheduler.staleness=0 with mode {self.mode.value}")
+        if config.scheduler.sync is SyncMode.p2p and self.sync is not Sync.on_demand:
+            raise SchedulerError(f"scheduler.sync=p2p needs an on-demand mode (plan or herald), "
+                                 f"not {self.mode.value}")
+
+    def cluster_state(self, config: Config, *, n_rows: int, capacity: int, max_pairs: int,
+                      worker: int | None) -> ClusterState:
+        """The cluster state that steps this mode's synchronization (``worker``: the runtime's own)."""
+        return ClusterState(n_workers=config.cluster.workers, n_rows=n_rows, capacity=capacity,
+                            full_set=self.sync is Sync.full_set, max_pairs=max_pairs,
+                            p2p=config.scheduler.sync is SyncMode.p2p, policy=config.cache.policy.value,
+                            focus=-1 if worker is None else worker, annotate=worker is not None)
+
+    def allocation_policy(self, config: Config, state: ClusterState, cardinalities: np.ndarray) -> AllocationPolicy:
+        """This mode's allocation policy; LAIA reads ``state`` (where rows are cached and fresh)."""
+        if self.allocation is Allocation.random:
+            return RandomAllocation(config.cluster.workers, config.seed)
+        if self.allocation is not Allocation.laia:
+            raise SchedulerError(f"allocation {self.allocation.value} is not built")
+        sched = config.scheduler
+        if sched.laia is LaiaVariant.adaptive:
+            return AdaptiveLaiaAllocation(state, config.seed, cardinalities, score_tables=sched.score_tables,
+                                          budget_ms=sched.budget_ms, threads=sched.threads)
+        chunks = sched.chunks if sched.laia is LaiaVariant.chunked else None
+        return LaiaAllocation(state, config.seed, chunks=chunks, threads=sched.threads)
+
+
+POLICIES = {
+    Mode.vanilla: ModePolicy(Mode.vanilla, Allocation.random, Sync.full_set),
+    Mode.laia: ModePolicy(Mode.laia, Allocation.laia, Sync.full_set),
+    Mode.plan: ModePolicy(Mode.plan, Allocation.random, Sync.on_demand),
+    Mode.herald: ModePolicy(Mode.herald, Allocation.laia, Sync.on_demand),
+    Mode.het: ModePolicy(Mode.het, Allocation.contiguous, Sync.het_clocks, built=False),
+    Mode.fae: ModePolicy(Mode.fae, Allocation.hot_cold, Sync.fae_replicas, built=False),
+}
+
+
+def policy_for(mode: Mode) -> ModePolicy:
+    return POLICIES[mode]
