@@ -207,8 +207,10 @@ def cmd_fae(args) -> int:
 
 
 def cmd_simulate(args) -> int:
+    from hybrid.bench import case_overrides
     from hybrid.config import Mode
-    from hybrid.simulator import reduction, simulate
+    from hybrid.data.store import BatchStore
+    from hybrid.simulator import reduction, simulate_mode
 
     overrides = list(args.overrides)
     if args.workers is not None:
@@ -216,26 +218,33 @@ def cmd_simulate(args) -> int:
     if args.cache_ratio is not None:
         overrides.append(f"cache.ratio={args.cache_ratio}")
     config = load_config(args.config, overrides)
-    try:
-        modes = [Mode(m) for m in args.modes.split(",")]
-    except ValueError:
-        raise ConfigError(f"--modes {args.modes!r}: expected a comma-separated subset of "
-                          f"{', '.join(m.value for m in Mode)}") from None
+    cases = {}  # label -> (mode, the case's config)
+    for label in args.modes.split(","):
+        try:
+            mode_override, *extra = case_overrides(label)
+            mode = Mode(mode_override.split("=", 1)[1])
+        except ValueError:
+            raise ConfigError(f"--modes {args.modes!r}: expected MODE[+KEY=VALUE...], MODE one of "
+                              f"{', '.join(m.value for m in Mode)}") from None
+        cases[label] = (mode, load_config(args.config, overrides + extra))
+    store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
     with _progress_bar(unit="batches", desc="simulate") as bar:
-        results = simulate(config, modes, iterations=args.iterations, progress=bar.update)
-    baseline = results.get(Mode.vanilla)
+        results = {label: simulate_mode(case_config, store, mode, args.iterations, bar.update)
+                   for label, (mode, case_config) in cases.items()}
+    baseline = results.get("vanilla")
     print(f"{config.name}: {config.cluster.workers} workers, batch {config.train.batch_per_worker}/worker, "
           f"cache {config.cache.ratio:.0%} of rows, {next(iter(results.values())).iterations} counted iterations "
           f"(after {config.scheduler.warmup_iterations} warm-up)")
-    print(f"{'mode':<9}{'pulls':>11}{'pushes':>11}{'p2p':>8}{'total':>11}{'-pull':>8}{'-push':>8}{'-total':>8}"
+    width = max(9, *(len(label) + 1 for label in results))
+    print(f"{'mode':<{width}}{'pulls':>11}{'pushes':>11}{'p2p':>8}{'total':>11}{'-pull':>8}{'-push':>8}{'-total':>8}"
           f"{'hit':>7}{'sched ms':>10}")
-    for mode, counts in results.items():
+    for label, counts in results.items():
         cut = reduction(counts, baseline) if baseline else None
         cuts = "".join(f"{cut[k]:>8.1%}" for k in ("pulls", "pushes", "transmissions")) if cut else " " * 24
-        print(f"{mode.value:<9}{counts.pulls:>11}{counts.pushes:>11}{counts.p2p:>8}{counts.transmissions:>11}"
+        print(f"{label:<{width}}{counts.pulls:>11}{counts.pushes:>11}{counts.p2p:>8}{counts.transmissions:>11}"
               f"{cuts}{counts.hit_rate:>7.1%}{counts.sched_ms:>10.3f}")
     if args.json:
-        print(json.dumps({mode.value: counts.summary() for mode, counts in results.items()}))
+        print(json.dumps({label: counts.summary() for label, counts in results.items()}))
     return 0
 
 
@@ -450,7 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="count embedding transmissions per mode, without MPI")
     p.add_argument("--config", required=True)
-    p.add_argument("--modes", default="vanilla,laia,plan,herald", help="comma-separated (default: %(default)s)")
+    p.add_argument("--modes", default="vanilla,laia,plan,herald",
+                   help="comma-separated cases, each MODE[+KEY=VALUE...], e.g. herald+scheduler.sync=p2p "
+                        "(default: %(default)s)")
     p.add_argument("--workers", type=int, help="override cluster.workers")
     p.add_argument("--iterations", type=int, default=0, help="global batches to run (0 = the whole train split)")
     p.add_argument("--cache-ratio", type=float, help="override cache.ratio")
