@@ -454,8 +454,8 @@ class HybridTrainer:
         """Add shared rows' deltas turn by turn, so each row's sum has one order: the workers'.
 
         Concurrent Accumulates to one row land in arrival order, and float
-        addition does not commute in its last bits, so two runs (or a run and
-        its resume) would differ by ~1e-16. Turn ``k`` completes at the PS
+        addition is not associative, so two runs (or a run and its resume)
+        would differ in the last bits (~1e-16). Turn ``k`` completes at the PS
         before any worker starts turn ``k + 1``: ``accumulate_rounds - 1``
         extra flushes and barriers per iteration. Returns the last turn's handle.
         """
