@@ -33,7 +33,7 @@ Memory, per rank: 8 bytes per embedding row per 64 holders (the holder bits),
 24 bytes per cache slot of every worker (4 row + 8 replacement links + 12 for
 the row -> slot table of 8-byte entries at load <= 2/3; LFU adds 4), and
 scratch that follows the global batch (the needs table, the written-row sets
-and the event records: about 340 bytes per (worker, row) pair of a batch).
+and the event records: about 355 bytes per (worker, row) pair of a batch).
 Nothing per iteration touches an array of table or cache size.
 """
 import hashlib
