@@ -60,10 +60,6 @@ class Calibration:
     budget_bytes: int
     sampled_inputs: int
 
-    @property
-    def hot_rows(self) -> int:
-        return int(sum(mask.sum() for mask in self.hot))
-
 
 def sample_positions(n_samples: int, fraction: float, seed: int) -> np.ndarray:
     """Sorted positions of a uniform sample of ``fraction`` of ``n_samples`` inputs (at least one)."""

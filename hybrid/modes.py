@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybrid._ext.cluster_state import ClusterState
-from hybrid.allocation import AdaptiveLaiaAllocation, AllocationPolicy, LaiaAllocation, RandomAllocation
+from hybrid.allocation import (
+    AdaptiveLaiaAllocation, AllocationPolicy, ContiguousAllocation, LaiaAllocation, RandomAllocation,
+)
 from hybrid.config import Config, LaiaVariant, Mode, SyncMode
 
 
@@ -78,6 +80,8 @@ class ModePolicy:
         """This mode's allocation policy; LAIA reads ``state`` (where rows are cached and fresh)."""
         if self.allocation is Allocation.random:
             return RandomAllocation(config.cluster.workers, config.seed)
+        if self.allocation is Allocation.contiguous:
+            return ContiguousAllocation(config.cluster.workers)
         if self.allocation is not Allocation.laia:
             raise SchedulerError(f"allocation {self.allocation.value} is not built")
         sched = config.scheduler

@@ -21,7 +21,7 @@ The paper writes the bounds of its Equation 7 as ``min(r/2, R(1))`` and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 MIN_RATE, START_RATE, MAX_RATE = 1, 50, 100
@@ -35,7 +35,6 @@ class ShuffleSchedule:
     patience: int = 4
     _last_loss: Optional[float] = None
     _falls: int = 0
-    history: list = field(default_factory=list)  # (loss, rate after it)
 
     def __post_init__(self):
         if not MIN_RATE <= self.rate <= MAX_RATE:
@@ -55,7 +54,6 @@ class ShuffleSchedule:
                 if self._falls >= self.patience:
                     self.rate, self._falls = min(MAX_RATE, self.rate * 2), 0
         self._last_loss = loss
-        self.history.append((loss, self.rate))
         return self.rate
 
     def strip(self, total: int, remaining: int) -> int:
