@@ -352,7 +352,7 @@ def cmd_bench(args) -> int:
 
 def cmd_train(args) -> int:
     config = load_config(args.config, args.overrides)
-    from hybrid import train_job
+    from hybrid import summary_text, train_job
     from hybrid.preemption import StopRequest
 
     stop = StopRequest().install()  # SIGTERM/SIGINT/SIGUSR1: checkpoint, then exit 0
@@ -363,9 +363,9 @@ def cmd_train(args) -> int:
         _end_the_job(err)
         raise
     if summary is not None:
-        print(train_job.format_summary(summary), flush=True)
-        print(train_job.format_breakdown(summary), flush=True)
-        extra = train_job.format_checkpoints(summary)
+        print(summary_text.format_summary(summary), flush=True)
+        print(summary_text.format_breakdown(summary), flush=True)
+        extra = summary_text.format_checkpoints(summary)
         if extra:
             print(extra, flush=True)
     return 0
@@ -391,7 +391,7 @@ def _end_the_job(err: BaseException) -> None:
 
 
 def cmd_compare(args) -> int:
-    from hybrid.train_job import compare_summaries
+    from hybrid.summary_text import compare_summaries
 
     summaries = []
     for path in args.summaries:

@@ -1,0 +1,59 @@
+"""The training summary as text: the lines ``hybrid train`` prints and ``hybrid compare``'s table.
+
+Pure functions of the summary dict (``train_job`` writes it), so reading
+summaries never imports MPI: a process that has started MPI cannot launch
+``mpirun`` itself.
+"""
+from __future__ import annotations
+
+
+def format_summary(summary: dict) -> str:
+    t, e = summary["transmissions"], summary["evaluation"]
+    tested = (f"test AUC {e['auc']:.4f}, log loss {e['logloss']:.4f} on {e['samples']} samples" if e
+              else "not evaluated (stopped early)")
+    p2p = f", p2p {t['p2p_rows']}" if t.get("p2p_rows") else ""
+    return (f"{summary['config']} {summary['mode']}: {summary['workers']} workers + {summary['ps']} PS, "
+            f"{summary['iterations']} iterations, {summary['throughput']:.0f} samples/s; "
+            f"transmissions {t['rows']} rows (pull {t['pull_rows']}, push {t['push_rows']}{p2p}), "
+            f"hit rate {summary['hit_rate']:.1%}; train loss {summary['train_loss']:.4f}, {tested}")
+
+
+def format_checkpoints(summary: dict) -> str:
+    """Resumed from, checkpoints written, mid-run evaluations and an early stop, one line each ('' if none)."""
+    lines = []
+    if summary["start_step"]:
+        lines.append(f"  resumed at iteration {summary['start_step']} "
+                     f"({summary['checkpoint_rows']['restored']} cached rows read back on worker 0)")
+    for entry in summary["evaluations"]:
+        lines.append(f"  evaluation after iteration {entry['step']}: AUC {entry['auc']:.4f}, "
+                     f"log loss {entry['logloss']:.4f}")
+    for entry in summary["checkpoints"]:
+        lines.append(f"  checkpoint after iteration {entry['step']}: {entry['path']} ({entry['seconds']:.1f} s)")
+    if summary["stopped_by"]:
+        where = summary["checkpoints"][-1]["path"] if summary["checkpoints"] else "?"
+        lines.append(f"  stopped by {summary['stopped_by']} after iteration "
+                     f"{summary['start_step'] + summary['iterations'] - 1}; continue with --resume (from {where})")
+    return "\n".join(lines)
+
+
+def format_breakdown(summary: dict) -> str:
+    """Milliseconds per iteration by stage, and each rank's start-up time and peak memory."""
+    stages = ", ".join(f"{k} {v:.2f}" for k, v in summary["iteration_ms"].items())
+    ranks = "; ".join(f"{r['role']} {r['rank']}: start-up {r['startup_s']:.1f} s, peak {r['peak_rss_mb']:.0f} MB"
+                      for r in summary["ranks"] or [])
+    return f"  ms/iteration: {stages}\n  ranks: {ranks} (PS shard {summary['ps_shard_mb']:.0f} MB)"
+
+
+def compare_summaries(summaries: list[dict]) -> str:
+    """Per config, each run against the first: throughput ratio, transmissions cut, test AUC."""
+    lines = [f"{'config':<12}{'mode':<9}{'samples/s':>10}{'speed':>7}{'rows moved':>12}{'cut':>8}{'hit':>7}"
+             f"{'test AUC':>10}"]
+    first: dict = {}
+    for s in summaries:
+        base = first.setdefault(s["config"], s)
+        rows, base_rows = s["transmissions"]["rows"], base["transmissions"]["rows"]
+        auc = (s["evaluation"] or {}).get("auc", float("nan"))
+        lines.append(f"{s['config']:<12}{s['mode']:<9}{s['throughput']:>10.0f}"
+                     f"{s['throughput'] / base['throughput']:>6.2f}x{rows:>12}"
+                     f"{(1 - rows / base_rows if base_rows else 0.0):>8.1%}{s['hit_rate']:>7.1%}{auc:>10.4f}")
+    return "\n".join(lines)
