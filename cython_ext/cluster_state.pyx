@@ -19,6 +19,10 @@ One iteration ``t`` is three calls:
    on-demand mode, pushes the dirty rows another worker needs in ``t + 1``
    (Herald's Algorithm 2).
 
+With ``staleness >= 0`` (HET, docs/design.md section 7) the holder sets are
+not used: rows are read and pushed by per-row versions and per-slot clocks
+(``pull_worker_het``, ``update_het``).
+
 A worker reads only its own events of each call, by kind (``worker_events``):
 per-iteration work follows the batch. With ``annotate`` (where a worker runs
 the scheduler) each call's events are also hashed (the cross-rank digest),
@@ -56,12 +60,21 @@ cdef enum:
 
 # Event kinds recorded by train() and plan(); the runtime executes them, the
 # simulator counts them (docs/design.md section 6).
-PULL, WRITEBACK, LOCAL, ACCUMULATE, FULL_SET_PUSH, PLAN_PUSH, P2P = range(7)
-KIND_NAMES = ("pull", "writeback", "local", "accumulate", "full_set_push", "plan_push", "p2p")
+PULL, WRITEBACK, LOCAL, ACCUMULATE, FULL_SET_PUSH, PLAN_PUSH, P2P, VERSION_CHECK, DELTA_PUSH, DELTA_WRITEBACK \
+    = range(10)
+KIND_NAMES = ("pull", "writeback", "local", "accumulate", "full_set_push", "plan_push", "p2p",
+              "version_check", "delta_push", "delta_writeback")
+# What counts (docs/design.md section 6): rows read from the PS, rows written to it, rows sent
+# worker to worker; one update event per trained (worker, row) pair; HET's version reads apart.
+PULL_KINDS = ("pull",)
+PUSH_KINDS = ("writeback", "accumulate", "full_set_push", "plan_push", "delta_push", "delta_writeback")
+PEER_KINDS = ("p2p",)
+UPDATE_KINDS = ("local", "accumulate", "full_set_push", "delta_push")
+CHECK_KINDS = ("version_check",)
 cdef enum:
     PS_BIT = 0          # holder bit of the parameter server; worker w is bit w + 1
     EMPTY = -1
-    N_KINDS = 7
+    N_KINDS = 10
 
 cdef enum:
     K_PULL = 0
@@ -71,6 +84,9 @@ cdef enum:
     K_FULL_SET_PUSH = 4
     K_PLAN_PUSH = 5
     K_P2P = 6
+    K_VERSION_CHECK = 7
+    K_DELTA_PUSH = 8
+    K_DELTA_WRITEBACK = 9
 
 
 class StateError(RuntimeError):
@@ -115,6 +131,13 @@ cdef class ClusterState:
     cdef readonly int64_t max_pairs          # (row, worker) needs one iteration may hold
     cdef public int focus                    # worker whose per-sample index set_needs builds (-1: none)
     cdef readonly bint annotate              # mark prefetchable pulls and hash the events (the runtime's needs)
+    # HET (staleness >= 0; docs/design.md section 7): PS versions (updates pushed per row),
+    # and per cache slot the version its value has seen and its updates not yet pushed
+    cdef readonly int staleness
+    cdef int64_t[::1] version
+    cdef int64_t[::1] slot_seen
+    cdef int32_t[::1] slot_pending
+    cdef int8_t[::1] pair_sync               # HET scratch: refetched with unpushed updates, so pushed now
 
     # L(e): holders of the latest value of each row, words per row
     cdef uint64_t[::1] holders
@@ -189,6 +212,7 @@ cdef class ClusterState:
     cdef int32_t[::1] ev_pair                # updates: position of the row among its worker's pairs
     cdef int8_t[::1] ev_early                # pulls: prefetchable
     cdef int32_t[::1] ev_turn                # Accumulates: how many workers before this one train the row
+    cdef int64_t[::1] ev_value               # HET: a version check's expected version, a push's update count
     cdef int64_t n_events
     cdef int64_t[::1] kind_total             # events of the last call by kind
     # After train(), worker w's events are two runs: its pulls (and write-backs, P2P) in
@@ -200,7 +224,8 @@ cdef class ClusterState:
 
 
     def __init__(self, *, int n_workers, int64_t n_rows, int64_t capacity, bint full_set,
-                 int64_t max_pairs, bint p2p=False, str policy="lru", int focus=-1, bint annotate=True):
+                 int64_t max_pairs, bint p2p=False, str policy="lru", int focus=-1, bint annotate=True,
+                 int staleness=-1):
         if n_workers < 1:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
         if n_rows < 1 or n_rows >= 2**31:
@@ -217,8 +242,16 @@ cdef class ClusterState:
         self.capacity = capacity
         if p2p and full_set:
             raise ValueError("P2P plans need on-demand synchronization (full_set=False)")
+        if staleness >= 0 and (full_set or p2p):
+            raise ValueError("HET's clocks (staleness >= 0) replace full-set and P2P synchronization")
         self.full_set = full_set
         self.p2p = p2p
+        self.staleness = max(staleness, -1)
+        het = staleness >= 0
+        self.version = np.zeros(n_rows if het else 1, dtype=np.int64)
+        self.slot_seen = np.zeros(n_workers * capacity if het else 1, dtype=np.int64)
+        self.slot_pending = np.zeros(n_workers * capacity if het else 1, dtype=np.int32)
+        self.pair_sync = np.zeros(max_pairs if het else 1, dtype=np.int8)
         self.max_pairs = max_pairs
         self.focus = focus
         self.annotate = annotate
@@ -280,7 +313,7 @@ cdef class ClusterState:
         self.written = np.zeros(2 * self.written_size, dtype=np.int64)  # stamp 0: never written
         self.iteration = -1
 
-        cdef int64_t n_ev = 3 * max_pairs
+        cdef int64_t n_ev = (4 if het else 3) * max_pairs  # HET: check, pull and an eviction per pair, + update
         self.ev_row = np.zeros(n_ev, dtype=np.int64)
         self.ev_worker = np.zeros(n_ev, dtype=np.int32)
         self.ev_slot = np.zeros(n_ev, dtype=np.int32)
@@ -290,6 +323,7 @@ cdef class ClusterState:
         self.ev_pair = np.zeros(n_ev, dtype=np.int32)
         self.ev_early = np.zeros(n_ev, dtype=np.int8)
         self.ev_turn = np.zeros(n_ev, dtype=np.int32)
+        self.ev_value = np.zeros(n_ev, dtype=np.int64)
         self.kind_total = np.zeros(N_KINDS, dtype=np.int64)
         self.pull_span = np.zeros(2 * n_workers, dtype=np.int64)
         self.update_base = 0
@@ -449,6 +483,25 @@ cdef class ClusterState:
                 return s
         return EMPTY
 
+    cdef inline int32_t free_or_victim(self, int w) noexcept nogil:
+        """A slot for a row ``w`` fetches: a free one, or the replacement victim's (EMPTY: none)."""
+        cdef int32_t s
+        if self.used[w] < self.capacity:
+            s = self.used[w]
+            self.used[w] += 1
+            return s
+        return self.victim(w)
+
+    cdef inline void install(self, int w, int64_t row, int32_t s) noexcept nogil:
+        """Put ``row`` in ``w``'s slot ``s``, dropping the row it held (the caller settled its value)."""
+        cdef int64_t k = w * self.capacity + s
+        if self.slot_row[k] != EMPTY:
+            self.map_erase(w, self.slot_row[k])
+            self.lru_unlink(w, s)
+        self.slot_row[k] = <int32_t>row
+        self.map_insert(w, row, s)
+        self.lru_insert(w, s)
+
     # ------------------------------------------------------------ needs table
     cdef inline int64_t need_position(self, int64_t row) noexcept nogil:
         """Entry of ``row`` in the needs table, or the free entry where it belongs."""
@@ -511,9 +564,10 @@ cdef class ClusterState:
         self.ev_peer_slot[n] = EMPTY
         self.ev_pair[n] = pair
         self.ev_early[n] = 0
+        self.ev_value[n] = 0
         self.n_events = n + 1
         self.kind_total[kind] += 1
-        if self.annotate and kind != K_PULL and kind != K_LOCAL and kind != K_P2P:
+        if self.annotate and kind != K_PULL and kind != K_LOCAL and kind != K_P2P and kind != K_VERSION_CHECK:
             self.mark_written(row)
 
     cdef void start_events(self) noexcept nogil:
@@ -541,6 +595,7 @@ cdef class ClusterState:
                 | (<uint64_t>self.ev_early[i] << 40)
             if self.ev_kind[i] == K_P2P:
                 more ^= (<uint64_t><uint32_t>self.ev_peer[i] << 8) ^ (<uint64_t><uint32_t>self.ev_peer_slot[i] << 44)
+            more ^= <uint64_t>self.ev_value[i] * GOLDEN
             h = (h ^ fields ^ ((more << 17) | (more >> 47))) * GOLDEN
             h ^= h >> 32
         self.event_digest = mix64(h)
@@ -647,13 +702,16 @@ cdef class ClusterState:
                 self.match_p2p()
             for w in range(self.n_workers):
                 self.pull_span[2 * w] = self.n_events
-                bad_row = self.pull_worker(w)
+                bad_row = self.pull_worker_het(w) if self.staleness >= 0 else self.pull_worker(w)
                 self.pull_span[2 * w + 1] = self.n_events
                 if bad_row >= 0:
                     break
             if bad_row < 0:
                 self.update_base = self.n_events
-                self.update()
+                if self.staleness >= 0:
+                    self.update_het()
+                else:
+                    self.update()
                 self.spans_valid = True
             self.digest_events()
         if bad_row >= 0:
@@ -687,7 +745,6 @@ cdef class ClusterState:
         cdef int64_t p, e, victim, n, cbase = w * self.capacity
         cdef int64_t first = self.worker_start[w], last = self.worker_start[w + 1]
         cdef int32_t s
-        cdef int owner
         if last - first > self.capacity:
             return self.n_rows
         # Pin: touch every cached row needed now, so the LRU tail holds only unneeded rows.
@@ -708,25 +765,17 @@ cdef class ClusterState:
                     return e
             s = self.pair_slot[p]
             if s == EMPTY:
-                if self.used[w] < self.capacity:
-                    s = self.used[w]
-                    self.used[w] += 1
-                else:
-                    s = self.victim(w)
-                    if s == EMPTY:
-                        return self.n_rows
-                    victim = self.slot_row[cbase + s]
-                    owner = self.dirty_owner(victim)
-                    if owner == w:
+                s = self.free_or_victim(w)
+                if s == EMPTY:
+                    return self.n_rows
+                victim = self.slot_row[cbase + s]
+                if victim != EMPTY:
+                    if self.dirty_owner(victim) == w:
                         self.record(K_WRITEBACK, w, victim, s, EMPTY)
                         self.set_only(victim, PS_BIT)
                     else:
                         self.clear_bit(victim, w + 1)
-                    self.map_erase(w, victim)
-                    self.lru_unlink(w, s)
-                self.slot_row[cbase + s] = <int32_t>e
-                self.map_insert(w, e, s)
-                self.lru_insert(w, s)
+                self.install(w, e, s)
                 self.pair_slot[p] = s
             if self.pair_source[p] == EMPTY:
                 n = self.n_events
@@ -773,6 +822,115 @@ cdef class ClusterState:
             else:
                 self.record(K_LOCAL, w, e, self.pair_slot[p], pair)
                 self.set_only(e, w + 1)
+
+    # -------------------------------------------------------------------- HET
+    cdef int64_t pull_worker_het(self, int w) noexcept nogil:
+        """HET's read for worker ``w`` (docs/design.md section 7); returns as :meth:`pull_worker`.
+
+        A cached row costs a version check; it is refetched when the PS has
+        more than ``staleness`` updates it has not seen (its own unpushed
+        updates stay: the runtime adds them to the fetched value, and they
+        are pushed with this iteration's update). A row not cached is
+        fetched into a free or evicted slot; an evicted row's unpushed
+        updates are pushed (``delta_writeback``). Versions read here are
+        those at the start of the iteration: every push of an iteration
+        lands after every read of it (docs/design.md section 11).
+        """
+        cdef int64_t p, e, n, cbase = w * self.capacity
+        cdef int64_t first = self.worker_start[w], last = self.worker_start[w + 1]
+        cdef int32_t s
+        if last - first > self.capacity:
+            return self.n_rows
+        for p in range(first, last):  # pin, as in pull_worker
+            s = self.find(w, self.pair_row[p])
+            self.pair_slot[p] = s
+            self.pair_sync[p] = 0
+            if s != EMPTY:
+                self.lru_touch(w, s)
+        for p in range(first, last):
+            e = self.pair_row[p]
+            s = self.pair_slot[p]
+            if s != EMPTY:
+                n = self.n_events
+                self.record(K_VERSION_CHECK, w, e, s, EMPTY)
+                self.ev_value[n] = self.version[e]
+                if self.version[e] - self.slot_seen[cbase + s] <= self.staleness:
+                    continue
+                self.pair_sync[p] = self.slot_pending[cbase + s] > 0
+            else:
+                s = self.free_or_victim(w)
+                if s == EMPTY:
+                    return self.n_rows
+                if self.slot_pending[cbase + s] > 0:  # only a victim's slot holds updates
+                    n = self.n_events
+                    self.record(K_DELTA_WRITEBACK, w, self.slot_row[cbase + s], s, EMPTY)
+                    self.ev_value[n] = self.slot_pending[cbase + s]
+                    self.slot_pending[cbase + s] = 0
+                self.install(w, e, s)
+                self.pair_slot[p] = s
+            n = self.n_events
+            self.record(K_PULL, w, e, s, EMPTY)
+            self.ev_early[n] = self.annotate and not self.written_before(e)
+            self.slot_seen[cbase + s] = self.version[e]
+        return -1
+
+    cdef void update_het(self) noexcept nogil:
+        """HET's write: every trainer updates its cached copy; it pushes the updates it has not pushed
+        once they exceed ``staleness`` (or when the row was refetched with some), else keeps them.
+
+        ``staleness = 0`` pushes every update in its iteration and refetches
+        every row another worker pushed: BSP. The pushes' updates reach the
+        versions after every worker's reads (:meth:`publish_versions`).
+        """
+        cdef int64_t p, k, n
+        cdef int w
+        self.accumulate_rounds = 0
+        for p in range(self.n_pairs):
+            w = self.pair_worker[p]
+            k = w * self.capacity + self.pair_slot[p]
+            self.slot_pending[k] += 1
+            if self.slot_pending[k] > self.staleness or self.pair_sync[p]:
+                n = self.n_events
+                self.record(K_DELTA_PUSH, w, self.pair_row[p], self.pair_slot[p],
+                            <int32_t>(p - self.worker_start[w]))
+                self.ev_turn[n] = 0
+                self.ev_value[n] = self.slot_pending[k]
+                self.slot_seen[k] += self.slot_pending[k]
+                self.slot_pending[k] = 0
+            else:
+                self.record(K_LOCAL, w, self.pair_row[p], self.pair_slot[p], <int32_t>(p - self.worker_start[w]))
+        self.publish_versions(0)
+
+    cdef void publish_versions(self, int64_t start) noexcept nogil:
+        """The PS versions count the updates pushed by the events from ``start`` on."""
+        cdef int64_t i
+        for i in range(start, self.n_events):
+            if self.ev_kind[i] == K_DELTA_PUSH or self.ev_kind[i] == K_DELTA_WRITEBACK:
+                self.version[self.ev_row[i]] += self.ev_value[i]
+
+    def flush_pending(self):
+        """HET: push every worker's unpushed updates (at the end of training, before reading the model).
+
+        Returns (worker, row, slot, count) arrays by worker and slot; the
+        versions count them afterwards. Scans the caches: called once, not
+        per iteration.
+        """
+        if self.staleness < 0:
+            raise StateError("flush_pending() is HET's; other modes flush dirty rows (flush_dirty)")
+        pending = np.asarray(self.slot_pending).reshape(self.n_workers, self.capacity)
+        workers_array, slots_array = np.nonzero(pending > 0)
+        rows_array = np.asarray(self.slot_row).reshape(self.n_workers, self.capacity)[workers_array, slots_array]
+        counts_array = pending[workers_array, slots_array].astype(np.int64)
+        np.add.at(np.asarray(self.version), rows_array.astype(np.int64), counts_array)
+        seen = np.asarray(self.slot_seen).reshape(self.n_workers, self.capacity)
+        seen[workers_array, slots_array] += counts_array
+        pending[workers_array, slots_array] = 0
+        return (workers_array.astype(np.int32), rows_array.astype(np.int64), slots_array.astype(np.int32),
+                counts_array)
+
+    def versions(self):
+        """HET: the PS version (updates pushed) of every row, a copy."""
+        return np.asarray(self.version).copy()
 
     # ------------------------------------------------------------------- plan
     def plan(self, rows_next=None, alloc_next=None):
@@ -873,6 +1031,8 @@ cdef class ClusterState:
         saved allocation, which rebuilds them (and the focus worker's index)
         for whichever worker loads the state.
         """
+        if self.staleness >= 0:
+            raise StateError("HET's clocks and unpushed updates are not checkpointed (docs/design.md section 7)")
         arrays = {name: view.copy() for name, view in self._persistent().items()}
         arrays["scalars"] = np.array([self.iteration, self.epoch, *self._shape_scalars()], dtype=np.int64)
         return arrays
@@ -926,7 +1086,7 @@ cdef class ClusterState:
         cdef ClusterState clone = ClusterState(
             n_workers=self.n_workers, n_rows=self.n_rows, capacity=self.capacity, full_set=self.full_set,
             max_pairs=self.max_pairs, p2p=self.p2p, policy="lru" if self.buckets == 1 else "lfu", focus=self.focus,
-            annotate=self.annotate)
+            annotate=self.annotate, staleness=self.staleness)
         theirs = clone._persistent()
         for name, view in self._persistent().items():
             theirs[name][:] = view
@@ -940,6 +1100,9 @@ cdef class ClusterState:
         clone.pair_source[:] = self.pair_source
         clone.pair_source_slot[:] = self.pair_source_slot
         clone.need_trainers[:] = self.need_trainers
+        clone.version[:] = self.version
+        clone.slot_seen[:] = self.slot_seen
+        clone.slot_pending[:] = self.slot_pending
         clone.worker_start[:] = self.worker_start
         clone.need_focus[:] = self.need_focus
         clone.focus_sample[:] = self.focus_sample
@@ -1013,7 +1176,8 @@ cdef class ClusterState:
         Per kind a dict of arrays: ``rows``, ``slots``; pulls add ``early``
         (prefetchable), updates ``pairs`` (positions among ``w``'s needed
         rows), Accumulates ``turns`` (workers before ``w`` that train the
-        row), P2P ``peers`` and ``peer_slots``. After ``train()`` only ``w``'s
+        row), P2P ``peers`` and ``peer_slots``, version checks ``versions`` (expected
+        at the PS), HET's pushes ``counts`` (the updates each carries). After ``train()`` only ``w``'s
         own runs of events are read; after ``plan()`` (plan pushes only) all.
         """
         if w < 0 or w >= self.n_workers:
@@ -1036,8 +1200,8 @@ cdef class ClusterState:
         n = start[N_KINDS]
         rows_array, slots_array = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int32)
         aux_array, aux2_array = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32)
-        early_array = np.empty(n, dtype=np.int8)
-        cdef int64_t[::1] rows = rows_array
+        early_array, values_array = np.empty(n, dtype=np.int8), np.empty(n, dtype=np.int64)
+        cdef int64_t[::1] rows = rows_array, values = values_array
         cdef int32_t[::1] slots = slots_array, aux = aux_array, aux2 = aux2_array
         cdef int8_t[::1] early = early_array
         cdef int64_t[::1] fill = np.asarray(start).copy()
@@ -1049,6 +1213,7 @@ cdef class ClusterState:
                     k = fill[self.ev_kind[i]]
                     fill[self.ev_kind[i]] = k + 1
                     rows[k], slots[k], early[k] = self.ev_row[i], self.ev_slot[i], self.ev_early[i]
+                    values[k] = self.ev_value[i]
                     aux[k] = self.ev_peer[i] if self.ev_kind[i] == K_P2P else self.ev_pair[i]
                     aux2[k] = self.ev_turn[i] if self.ev_kind[i] == K_ACCUMULATE else self.ev_peer_slot[i]
         result = {}
@@ -1057,12 +1222,16 @@ cdef class ClusterState:
             group = {"rows": rows_array[a:b], "slots": slots_array[a:b]}
             if k == K_PULL:
                 group["early"] = early_array[a:b].astype(bool)
-            elif k == K_LOCAL or k == K_ACCUMULATE or k == K_FULL_SET_PUSH:
+            elif k == K_LOCAL or k == K_ACCUMULATE or k == K_FULL_SET_PUSH or k == K_DELTA_PUSH:
                 group["pairs"] = aux_array[a:b]
                 if k == K_ACCUMULATE:
                     group["turns"] = aux2_array[a:b]
             elif k == K_P2P:
                 group["peers"], group["peer_slots"] = aux_array[a:b], aux2_array[a:b]
+            if k == K_VERSION_CHECK:
+                group["versions"] = values_array[a:b]
+            elif k == K_DELTA_PUSH or k == K_DELTA_WRITEBACK:
+                group["counts"] = values_array[a:b]
             result[KIND_NAMES[k]] = group
         return result
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybrid._ext.cluster_state import ClusterState
+from hybrid._ext.cluster_state import PEER_KINDS, PULL_KINDS, PUSH_KINDS, ClusterState
 from hybrid.allocation import capacities
 
-TRANSMISSION_KINDS = ("pull", "writeback", "accumulate", "full_set_push", "plan_push", "p2p")
+TRANSMISSION_KINDS = PULL_KINDS + PUSH_KINDS + PEER_KINDS
 
 
 def iteration_cost(state: ClusterState, rows: np.ndarray, alloc: np.ndarray) -> int:

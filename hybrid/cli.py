@@ -237,12 +237,12 @@ def cmd_simulate(args) -> int:
           f"(after {config.scheduler.warmup_iterations} warm-up)")
     width = max(9, *(len(label) + 1 for label in results))
     print(f"{'mode':<{width}}{'pulls':>11}{'pushes':>11}{'p2p':>8}{'total':>11}{'-pull':>8}{'-push':>8}{'-total':>8}"
-          f"{'hit':>7}{'sched ms':>10}")
+          f"{'hit':>7}{'sched ms':>10}{'checks':>11}")
     for label, counts in results.items():
         cut = reduction(counts, baseline) if baseline else None
         cuts = "".join(f"{cut[k]:>8.1%}" for k in ("pulls", "pushes", "transmissions")) if cut else " " * 24
         print(f"{label:<{width}}{counts.pulls:>11}{counts.pushes:>11}{counts.p2p:>8}{counts.transmissions:>11}"
-              f"{cuts}{counts.hit_rate:>7.1%}{counts.sched_ms:>10.3f}")
+              f"{cuts}{counts.hit_rate:>7.1%}{counts.sched_ms:>10.3f}{counts.version_checks:>11}")
     if args.json:
         print(json.dumps({label: counts.summary() for label, counts in results.items()}))
     return 0

@@ -11,8 +11,8 @@ A mode is two choices, not a loop of its own:
 
 :func:`policy_for` gives a mode's :class:`ModePolicy`; the scheduler builds
 its allocation policy and cluster state from it, and refuses a config the
-mode cannot run before any collective. HET and FAE are declared here with
-their choices but not built yet: asking for them is a clear error.
+mode cannot run before any collective. FAE is declared here with its
+choices but not built yet: asking for it is a clear error.
 """
 from __future__ import annotations
 
@@ -67,6 +67,20 @@ class ModePolicy:
         if config.scheduler.sync is SyncMode.p2p and self.sync is not Sync.on_demand:
             raise SchedulerError(f"scheduler.sync=p2p needs an on-demand mode (plan or herald), "
                                  f"not {self.mode.value}")
+        if self.sync is Sync.het_clocks:
+            self._check_het(config)
+
+    @staticmethod
+    def _check_het(config: Config) -> None:
+        """What HET's clocks do not support yet: each refused by name (docs/design.md section 7)."""
+        refused = {"train.checkpoint_every": config.train.checkpoint_every,
+                   "train.eval_every": config.train.eval_every,
+                   "train.deterministic": config.train.deterministic}
+        for key, value in refused.items():
+            if value:
+                raise SchedulerError(f"{key}={value} is not supported with scheduler.mode=het: its caches hold "
+                                     f"updates the PS has not seen, which checkpoints and mid-run evaluations "
+                                     f"do not carry, and its pushes are not ordered; use {key}=0 or another mode")
 
     def cluster_state(self, config: Config, *, n_rows: int, capacity: int, max_pairs: int,
                       worker: int | None) -> ClusterState:
@@ -74,7 +88,8 @@ class ModePolicy:
         return ClusterState(n_workers=config.cluster.workers, n_rows=n_rows, capacity=capacity,
                             full_set=self.sync is Sync.full_set, max_pairs=max_pairs,
                             p2p=config.scheduler.sync is SyncMode.p2p, policy=config.cache.policy.value,
-                            focus=-1 if worker is None else worker, annotate=worker is not None)
+                            focus=-1 if worker is None else worker, annotate=worker is not None,
+                            staleness=config.scheduler.staleness if self.sync is Sync.het_clocks else -1)
 
     def allocation_policy(self, config: Config, state: ClusterState, cardinalities: np.ndarray) -> AllocationPolicy:
         """This mode's allocation policy; LAIA reads ``state`` (where rows are cached and fresh)."""
@@ -97,7 +112,7 @@ POLICIES = {
     Mode.laia: ModePolicy(Mode.laia, Allocation.laia, Sync.full_set),
     Mode.plan: ModePolicy(Mode.plan, Allocation.random, Sync.on_demand),
     Mode.herald: ModePolicy(Mode.herald, Allocation.laia, Sync.on_demand),
-    Mode.het: ModePolicy(Mode.het, Allocation.contiguous, Sync.het_clocks, built=False),
+    Mode.het: ModePolicy(Mode.het, Allocation.contiguous, Sync.het_clocks),
     Mode.fae: ModePolicy(Mode.fae, Allocation.hot_cold, Sync.fae_replicas, built=False),
 }
 

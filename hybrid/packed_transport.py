@@ -10,7 +10,9 @@ which owns the rows in its window memory, applies it:
   gathers the rows and sends them back as one ``[n, dim]`` block;
 - ``put`` / ``accumulate``: the worker sends ids and values in one buffer
   (``n`` int64 ids, then ``n * dim`` values); the PS overwrites or adds them
-  (``hybrid._ext.row_kernels``) and answers with an empty acknowledgement.
+  (``hybrid._ext.row_kernels``) and answers with an empty acknowledgement;
+- HET's versions (one int64 per row, when the store keeps them) are read
+  and added the same way, under tags of their own.
 
 A handle completes when its replies have arrived, so a completed write is in
 the PS's memory: the ordering rules of section 11 hold as they do with
@@ -28,27 +30,29 @@ from mpi4py import MPI
 
 from hybrid._ext import row_kernels
 
-PULL, ROWS, PUT, ADD, DONE = 1, 2, 3, 4, 5
+PULL, ROWS, PUT, ADD, DONE, VERSION_PULL, VERSIONS, VERSION_ADD = 1, 2, 3, 4, 5, 6, 7, 8
 _IDLE_SLEEP_SECONDS = 0.00005
 
 
-def request_pull(channel: MPI.Comm, target: int, local_rows: np.ndarray,
-                 staging: np.ndarray) -> tuple[list, np.ndarray]:
-    """Start reading ``local_rows`` of ``target``'s shard into ``staging``; returns the requests and the id buffer."""
+def request_pull(channel: MPI.Comm, target: int, local_rows: np.ndarray, staging: np.ndarray,
+                 versions: bool = False) -> tuple[list, np.ndarray]:
+    """Start reading ``local_rows`` of ``target``'s shard (or their versions) into ``staging``;
+    returns the requests and the id buffer."""
     ids = np.ascontiguousarray(local_rows, dtype=np.int64)
-    reply = channel.Irecv(staging, source=target, tag=ROWS)
-    return [reply, channel.Isend([ids, MPI.BYTE], dest=target, tag=PULL)], ids  # the PS receives bytes
+    reply = channel.Irecv(staging, source=target, tag=VERSIONS if versions else ROWS)
+    request = channel.Isend([ids, MPI.BYTE], dest=target, tag=VERSION_PULL if versions else PULL)  # PS gets bytes
+    return [reply, request], ids
 
 
 def request_write(channel: MPI.Comm, target: int, local_rows: np.ndarray, values: np.ndarray,
-                  positions: np.ndarray, accumulate: bool) -> tuple[list, np.ndarray]:
+                  positions: np.ndarray, tag: int) -> tuple[list, np.ndarray]:
     """Start writing ``values[positions]`` to ``local_rows`` of ``target``'s shard; returns the requests and the buffer."""
     n, dim = len(local_rows), values.shape[1]
     packed = np.empty(n * 8 + n * dim * values.itemsize, dtype=np.uint8)
     packed[:n * 8].view(np.int64)[:] = local_rows
     np.take(values, positions, axis=0, out=packed[n * 8:].view(values.dtype).reshape(n, dim))
     done = channel.Irecv([None, 0, MPI.BYTE], source=target, tag=DONE)
-    return [done, channel.Isend([packed, MPI.BYTE], dest=target, tag=ADD if accumulate else PUT)], packed
+    return [done, channel.Isend([packed, MPI.BYTE], dest=target, tag=tag)], packed
 
 
 class PsService:
@@ -59,8 +63,10 @@ class PsService:
     more ranks than cores, ``spin_seconds=0`` leaves the cores to the workers.
     """
 
-    def __init__(self, channel: MPI.Comm, shard: np.ndarray, spin_seconds: float = 0.002):
+    def __init__(self, channel: MPI.Comm, shard: np.ndarray, spin_seconds: float = 0.002,
+                 versions: np.ndarray | None = None):
         self.channel, self.shard, self.spin_seconds = channel, shard, spin_seconds
+        self.versions = versions  # HET: the shard's row versions (int64), or None
         self.row_bytes = shard.shape[1] * shard.itemsize
         self._replies: list = []  # (request, buffer) of replies in flight
 
@@ -98,6 +104,17 @@ class PsService:
             ids = packed[:n * 8].view(np.int64)
             values = packed[n * 8:].view(self.shard.dtype).reshape(n, self.shard.shape[1])
             (row_kernels.add_rows if tag == ADD else row_kernels.put_rows)(self.shard, ids, values)
+            self._replies.append((self.channel.Isend([None, 0, MPI.BYTE], dest=source, tag=DONE), None))
+        elif tag == VERSION_PULL and self.versions is not None:
+            ids = np.empty(size // 8, dtype=np.int64)
+            message.Recv([ids, MPI.BYTE])
+            found = self.versions[ids].reshape(-1, 1)
+            self._replies.append((self.channel.Isend(found, dest=source, tag=VERSIONS), found))
+        elif tag == VERSION_ADD and self.versions is not None:
+            packed = np.empty(size, dtype=np.uint8)
+            message.Recv([packed, MPI.BYTE])
+            ids, counts = packed.view(np.int64).reshape(2, -1)
+            np.add.at(self.versions, ids, counts)
             self._replies.append((self.channel.Isend([None, 0, MPI.BYTE], dest=source, tag=DONE), None))
         else:
             raise RuntimeError(f"PS rank {self.channel.rank}: unexpected message tag {tag} from rank {source}")

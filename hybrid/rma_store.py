@@ -19,6 +19,11 @@ Start-up follows a shard: each PS rank fills only its own rows, in place in
 the window memory (``init(shard, first_row)``), so its peak memory is the
 shard plus the process itself, and all PS ranks initialize in parallel.
 
+With ``versions=True`` (HET, docs/design.md section 7) the PS ranks also
+keep one int64 version per row in a second window, read with
+:meth:`EmbeddingStore.read_versions` and added to with
+:meth:`EmbeddingStore.add_versions`, through the same transport.
+
 Two transports move the rows (docs/design.md section 12): ``rma``, the
 one-sided operations above, for ranks that share memory, and ``packed``
 (``hybrid.packed_transport``), one message per PS rank per operation that
@@ -87,6 +92,7 @@ class Handle:
 
     store: "EmbeddingStore"
     targets: list = field(default_factory=list)  # PS ranks to flush (rma)
+    version_targets: list = field(default_factory=list)  # PS ranks to flush in the versions window (rma)
     requests: list = field(default_factory=list)  # messages to complete (packed)
     scatter: list = field(default_factory=list)  # (destination, positions, staging) for reads
     buffers: list = field(default_factory=list)  # origin buffers MPI may read until the flush
@@ -119,7 +125,7 @@ class EmbeddingStore:
 
     def __init__(self, comm: MPI.Comm, ps_ranks: Sequence[int], n_rows: int, dim: int, *,
                  dtype=np.float32, init: Optional[Callable[[np.ndarray, int], None]] = None,
-                 transport: str = "auto", spin_seconds: float = 0.002):
+                 transport: str = "auto", spin_seconds: float = 0.002, versions: bool = False):
         self.comm, self.ps_ranks, self.dim = comm, list(ps_ranks), dim
         self.dtype = np.dtype(dtype)
         if self.dtype not in _MPI_TYPES:
@@ -140,9 +146,11 @@ class EmbeddingStore:
                 f"cannot create the embedding window: MPI one-sided communication is unavailable with this "
                 f"MPI's transport ({err.Get_error_string()}). On a TCP cluster with OpenMPI launch with "
                 f"launch/mpirun.sh --tcp (UCX over TCP); see docs/design.md section 12") from err
+        self.version_win = MPI.Win.Allocate((stop - first) * 8, disp_unit=8, comm=comm) if versions else None
         self.channel = comm.Dup() if self.transport == "packed" else None
         self.service = None
         self.shard = None  # a PS rank's rows, in the window's memory
+        self.versions = None  # a PS rank's row versions (HET), in the second window's memory
         if self.is_ps:
             memory = self.win.tomemory() if stop > first else bytearray(0)
             shard = self.shard = np.frombuffer(memory, dtype=self.dtype).reshape(stop - first, dim)
@@ -150,13 +158,20 @@ class EmbeddingStore:
                 init(shard, first)
             else:
                 shard.fill(0)
+            if versions:
+                vmemory = self.version_win.tomemory() if stop > first else bytearray(0)
+                self.versions = np.frombuffer(vmemory, dtype=np.int64)
+                self.versions.fill(0)
             if self.channel is not None:
-                self.service = packed_transport.PsService(self.channel, shard, spin_seconds)
+                self.service = packed_transport.PsService(self.channel, shard, spin_seconds, self.versions)
         idle_barrier(comm)  # shards initialized before anyone reads
         self._locked = self.transport == "rma" and not self.is_ps
         if self._locked:
             self.win.Lock_all()
-        self.rows_moved = {"pull": 0, "put": 0, "accumulate": 0}  # rows this rank moved, by operation
+            if self.version_win is not None:
+                self.version_win.Lock_all()
+        # rows this rank moved, by operation; and HET's version reads and additions (8 bytes each)
+        self.rows_moved = {"pull": 0, "put": 0, "accumulate": 0, "version_read": 0, "version_add": 0}
 
     # ------------------------------------------------------------ operations
     def _batches(self, rows: np.ndarray):
@@ -200,6 +215,53 @@ class EmbeddingStore:
             handle.scatter.append((out, positions if at is None else at[positions], staging))
         return handle
 
+    def read_versions(self, rows: np.ndarray, out: np.ndarray) -> Handle:
+        """Start reading the versions of ``rows`` into ``out`` (int64, one per row; HET)."""
+        if self.version_win is None:
+            raise ValueError("this store keeps no versions (EmbeddingStore(versions=True))")
+        if out.shape != (len(rows),) or out.dtype != np.int64:
+            raise ValueError(f"out: expected ({len(rows)},) int64, got {out.shape} {out.dtype}")
+        self.rows_moved["version_read"] += len(rows)
+        handle = Handle(self)
+        for target, positions, local in self._batches(rows):
+            staging = np.empty((len(positions), 1), dtype=np.int64)
+            if self.channel is not None:
+                requests, ids = packed_transport.request_pull(self.channel, target, local, staging, versions=True)
+                handle.requests += requests
+                handle.buffers.append(ids)
+            else:
+                ttype = MPI.INT64_T.Create_indexed_block(1, local.astype(np.int32).tolist()).Commit()
+                self.version_win.Get([staging, len(positions), MPI.INT64_T], target, target=(0, 1, ttype))
+                ttype.Free()
+                handle.version_targets.append(target)
+            handle.scatter.append((out, positions, staging[:, 0]))
+        return handle
+
+    def add_versions(self, rows: np.ndarray, counts: np.ndarray) -> Handle:
+        """Start adding ``counts`` (int64) to the versions of ``rows`` (HET: the updates a push carries)."""
+        if self.version_win is None:
+            raise ValueError("this store keeps no versions (EmbeddingStore(versions=True))")
+        counts = np.ascontiguousarray(counts, dtype=np.int64).reshape(-1, 1)
+        if len(counts) != len(rows):
+            raise ValueError(f"counts: expected {len(rows)}, got {len(counts)}")
+        self.rows_moved["version_add"] += len(rows)
+        handle = Handle(self)
+        for target, positions, local in self._batches(rows):
+            if self.channel is not None:
+                requests, packed = packed_transport.request_write(self.channel, target, local, counts, positions,
+                                                                  packed_transport.VERSION_ADD)
+                handle.requests += requests
+                handle.buffers.append(packed)
+                continue
+            staging = np.ascontiguousarray(counts[positions, 0])
+            ttype = MPI.INT64_T.Create_indexed_block(1, local.astype(np.int32).tolist()).Commit()
+            self.version_win.Accumulate([staging, len(positions), MPI.INT64_T], target, target=(0, 1, ttype),
+                                        op=MPI.SUM)
+            ttype.Free()
+            handle.version_targets.append(target)
+            handle.buffers.append(staging)
+        return handle
+
     def put(self, rows: np.ndarray, values: np.ndarray) -> Handle:
         """Start overwriting ``rows`` with ``values`` (rows owned exclusively by the caller)."""
         return self._write(rows, values, accumulate=False)
@@ -214,8 +276,9 @@ class EmbeddingStore:
         handle = Handle(self)
         for target, positions, local in self._batches(rows):
             if self.channel is not None:  # the rows go straight into the message, one copy
-                requests, packed = packed_transport.request_write(self.channel, target, local, values, positions,
-                                                                  accumulate)
+                requests, packed = packed_transport.request_write(
+                    self.channel, target, local, values, positions,
+                    packed_transport.ADD if accumulate else packed_transport.PUT)
                 handle.requests += requests
                 handle.buffers.append(packed)
                 continue
@@ -236,6 +299,8 @@ class EmbeddingStore:
         pending = [h for h in handles if not h.done]
         for target in sorted({t for h in pending for t in h.targets}):
             self.win.Flush(target)
+        for target in sorted({t for h in pending for t in h.version_targets}):
+            self.version_win.Flush(target)
         requests = [r for h in pending for r in h.requests]
         if requests:
             MPI.Request.Waitall(requests)
@@ -274,8 +339,13 @@ class EmbeddingStore:
             return
         if self._locked:
             self.win.Unlock_all()
+            if self.version_win is not None:
+                self.version_win.Unlock_all()
         self.barrier()
         self.win.Free()
+        if self.version_win is not None:
+            self.version_win.Free()
+            self.version_win = None
         self.row_type.Free()
         if self.channel is not None:
             self.channel.Free()

@@ -18,7 +18,7 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
-from hybrid._ext.cluster_state import KIND_NAMES, ClusterState
+from hybrid._ext.cluster_state import KIND_NAMES, UPDATE_KINDS, ClusterState
 from hybrid.allocation import AllocationPolicy
 from hybrid.config import Config, Mode
 from hybrid.modes import SchedulerError, policy_for
@@ -49,6 +49,33 @@ class PeerTransfer:
     @staticmethod
     def empty() -> "PeerTransfer":
         return PeerTransfer(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int32))
+
+
+@dataclass(frozen=True)
+class StaleShare:
+    """HET's part of one worker's iteration (docs/design.md section 7).
+
+    ``checks``: the cached rows whose PS version the worker reads, and the
+    version the cluster state says each has (a mismatch is a bug). ``push``:
+    positions in the worker's ``rows`` whose unpushed updates, this
+    iteration's included, are added to the PS, with ``push_counts`` updates
+    each (added to the row's version). ``evicted``: rows evicted with
+    unpushed updates, from their slots, ``evicted_counts`` updates each.
+    """
+
+    checks: np.ndarray  # int64 rows
+    expected: np.ndarray  # int64 versions
+    push: np.ndarray
+    push_counts: np.ndarray
+    evicted: Transfer
+    evicted_counts: np.ndarray
+
+    @staticmethod
+    def of(events: dict) -> "StaleShare":
+        check, push, evicted = events["version_check"], events["delta_push"], events["delta_writeback"]
+        return StaleShare(checks=check["rows"], expected=check["versions"], push=push["pairs"],
+                          push_counts=push["counts"], evicted=Transfer(evicted["rows"], evicted["slots"]),
+                          evicted_counts=evicted["counts"])
 
 
 @dataclass(frozen=True)
@@ -84,6 +111,7 @@ class WorkerPlan:
     accumulate_rounds: int
     p2p_in: PeerTransfer  # rows other workers send this worker at the start of the iteration (P2P mode)
     p2p_out: PeerTransfer  # rows this worker sends them
+    stale: Optional[StaleShare] = None  # HET mode
 
 
 @dataclass
@@ -103,7 +131,7 @@ class BatchPlan:
     @property
     def needed(self) -> int:
         """(worker, row) pairs trained this iteration."""
-        return self.counts["local"] + self.counts["accumulate"] + self.counts["full_set_push"]
+        return sum(self.counts[k] for k in UPDATE_KINDS)
 
 
 def cache_capacity(n_rows: int, ratio: float, batch_per_worker: int, n_tables: int) -> int:
@@ -207,7 +235,8 @@ class Scheduler:
             accumulate_turns=events["accumulate"]["turns"], accumulate_rounds=rounds,
             p2p_in=PeerTransfer(events["p2p"]["peers"], events["p2p"]["rows"], events["p2p"]["slots"]),
             p2p_out=PeerTransfer.empty() if sends is None else
-            PeerTransfer(sends["receivers"], sends["rows"], sends["slots"]))
+            PeerTransfer(sends["receivers"], sends["rows"], sends["slots"]),
+            stale=StaleShare.of(events) if self.state.staleness >= 0 else None)
 
     def save_arrays(self) -> dict:
         """What the plans after the one last yielded depend on, as arrays (docs/design.md section 13).

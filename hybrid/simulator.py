@@ -4,18 +4,18 @@ Runs the same scheduler and cluster state the training runtime uses over the
 store's global batches and counts what docs/design.md section 6 defines: pulls
 (rows read from the PS), pushes (rows written to the PS: Accumulate, Put of
 plan pushes and full-set pushes, eviction write-backs), p2p rows, and the
-fresh hit rate. The first ``warmup`` iterations are excluded, as in the paper.
+fresh hit rate; HET's version checks (8-byte reads, not rows) apart. The
+first ``warmup`` iterations are excluded, as in the paper.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
 
+from hybrid._ext.cluster_state import CHECK_KINDS, PEER_KINDS, PULL_KINDS, PUSH_KINDS
 from hybrid.config import Config, Mode
 from hybrid.data.store import BatchStore
 from hybrid.scheduler import Scheduler
-
-PUSH_KINDS = ("writeback", "accumulate", "full_set_push", "plan_push")
 
 
 @dataclass
@@ -26,6 +26,7 @@ class ModeCounts:
     pulls: int = 0
     pushes: int = 0
     p2p: int = 0
+    version_checks: int = 0
     needed: int = 0
     by_kind: dict = field(default_factory=dict)
     sched_seconds: dict = field(default_factory=dict)
@@ -46,9 +47,10 @@ class ModeCounts:
 
     def add(self, plan) -> None:
         self.iterations += 1
-        self.pulls += plan.counts["pull"]
-        self.p2p += plan.counts["p2p"]
+        self.pulls += sum(plan.counts[k] for k in PULL_KINDS)
+        self.p2p += sum(plan.counts[k] for k in PEER_KINDS)
         self.pushes += sum(plan.counts[k] for k in PUSH_KINDS)
+        self.version_checks += sum(plan.counts[k] for k in CHECK_KINDS)
         self.needed += plan.needed
         for kind, n in plan.counts.items():
             self.by_kind[kind] = self.by_kind.get(kind, 0) + n
@@ -57,7 +59,7 @@ class ModeCounts:
 
     def summary(self) -> dict:
         return {"pulls": self.pulls, "pushes": self.pushes, "p2p": self.p2p,
-                "transmissions": self.transmissions, "hit_rate": round(self.hit_rate, 6),
+                "transmissions": self.transmissions, "version_checks": self.version_checks, "hit_rate": round(self.hit_rate, 6),
                 "sched_ms": round(self.sched_ms, 4), "iterations": self.iterations,
                 "by_kind": self.by_kind,
                 "sched_ms_by_stage": {k: round(1000 * v / max(1, self.iterations), 4)

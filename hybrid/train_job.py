@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from hybrid import checkpoint as ckpt
+from hybrid._ext.cluster_state import UPDATE_KINDS
 from hybrid.comm import check_agreement, split_roles
 from hybrid.config import Config, flatten
 from hybrid.data.store import BatchStore, StoreError
@@ -165,15 +166,15 @@ def _rank_report(trainer: HybridTrainer) -> dict:
 def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds: float,
                evaluation: Optional[dict], ranks: Optional[list]) -> Optional[dict]:
     """Totals over workers (collective over the workers); the summary on worker 0."""
-    moved = np.array([sum(r["moved"].get(k, 0) for r in log) for k in ("pull", "put", "accumulate", "p2p")],
-                     dtype=np.int64)
+    moved = np.array([sum(r["moved"].get(k, 0) for r in log)
+                      for k in ("pull", "put", "accumulate", "p2p", "version_read")], dtype=np.int64)
     total = trainer.roles.workers.allreduce(moved)
     loss_sum = trainer.roles.workers.allreduce(sum(r["loss_sum"] for r in log))
     mean_ms = {s: 1000 * sum(r["timing"].get(s, 0.0) for r in log) / max(1, len(log)) for s in STAGES}
     if trainer.roles.worker != 0:
         return None
     counts = {k: sum(r["counts"][k] for r in log) for k in log[0]["counts"]} if log else {}
-    needed = counts.get("local", 0) + counts.get("accumulate", 0) + counts.get("full_set_push", 0)
+    needed = sum(counts.get(k, 0) for k in UPDATE_KINDS)
     row_bytes = config.model.embedding_dim * np.dtype(config.model.precision.value).itemsize
     pulls, pushes, p2p = int(total[0]), int(total[1] + total[2]), int(total[3])
     samples = sum(r["samples"] for r in log)
@@ -187,6 +188,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         "transmissions": {"pull_rows": pulls, "push_rows": pushes, "p2p_rows": p2p, "rows": pulls + pushes + p2p,
                           "pull_bytes": pulls * row_bytes, "push_bytes": pushes * row_bytes,
                           "p2p_bytes": p2p * row_bytes},
+        "version_checks": {"rows": int(total[4]), "bytes": 8 * int(total[4])},  # HET: read, not transmissions
         "hit_rate": round(1 - counts.get("pull", 0) / needed, 6) if needed else 0.0,
         "train_loss": round(loss_sum / samples, 6) if samples else float("nan"),
         "events": counts, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},

@@ -59,10 +59,12 @@ from hybrid.config import Config, SyncMode
 from hybrid.data.store import BatchStore, GlobalBatch
 from hybrid.embedding_init import fill_initial_rows
 from hybrid.models import build_model, dense_optimizer
+from hybrid.modes import Sync, policy_for
 from hybrid.plan_producer import PlanProducer
 from hybrid.preemption import StopRequest
 from hybrid.rma_store import EmbeddingStore, Handle
 from hybrid.scheduler import BatchPlan, Scheduler, WorkerPlan
+from hybrid.stale_cache import StaleCache
 from hybrid.watchdog import Watchdog
 
 STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barrier")
@@ -128,13 +130,15 @@ class HybridTrainer:
         self.overlap = config.train.overlap
         n_rows = int(store.cardinalities.sum())
         dim = config.model.embedding_dim
+        het = policy_for(config.scheduler.mode).sync is Sync.het_clocks
         self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, dim, dtype=self.dtype,
                                     init=self._initial_rows(resume), transport=config.cluster.transport.value,
-                                    spin_seconds=0.0 if roles.oversubscribed else 0.002)
+                                    spin_seconds=0.0 if roles.oversubscribed else 0.002, versions=het)
         self.hvd = init_horovod(roles)
         self.last_loss = 0.0
         self._served = False  # the workers have released the PS ranks (end_service)
         self.peers = None  # workers in P2P mode: their own communicator for rows sent cache to cache
+        self.stale = None  # workers in HET mode: the unpushed updates beside the cache
         if roles.is_ps:
             self.startup_seconds = time.perf_counter() - start
             return
@@ -142,6 +146,8 @@ class HybridTrainer:
         if config.train.verify_cache:
             self.scheduler.snapshot_worker = roles.worker
         self.cache = np.zeros((self.scheduler.state.capacity, dim), dtype=self.dtype)  # rows by slot
+        if het:
+            self.stale = StaleCache(self.table, self.cache, roles.worker)
         if config.scheduler.sync is SyncMode.p2p:
             self.peers = roles.workers.Dup()
         torch.set_num_threads(config.train.threads or roles.threads)
@@ -383,15 +389,19 @@ class HybridTrainer:
         with stages("pull"):
             exchange = p2p_transport.start(self.peers, self.cache, work.p2p_out, work.p2p_in) \
                 if self.peers is not None else None  # before anything of this iteration lands in the cache
+            checks = self.stale.start_reads(work.stale) if self.stale is not None else None
             handles = [self.table.put(work.writeback.rows, self.cache[work.writeback.slots]),
                        self.table.pull(work.pull.rows, self.cache, at=work.pull.slots)]
             if ready.prefetched is None:  # nothing was read ahead (first iteration, or overlap off)
                 handles.append(self.table.pull(work.prefetch.rows, self.cache, at=work.prefetch.slots))
-            self.table.complete(*handles)
+            self.table.complete(*handles, *([checks[0]] if checks else []))
             if exchange is not None:  # after the write-backs copied the slots the rows land in
                 exchange.complete(self.cache)
             if ready.prefetched is not None:  # completed by the last iteration's final flush
                 self.cache[work.prefetch.slots] = ready.prefetched[1]
+            if checks is not None:
+                self.stale.verify(work.stale, checks[1])
+                self.stale.place(np.concatenate([work.pull.slots, work.prefetch.slots]))
             ahead = self._prefetch(upcoming[0]) if (upcoming is not None and self.overlap) else None
         with stages("compute"):
             leaf = torch.from_numpy(self.cache[work.slots]).to(self.device).requires_grad_(True)
@@ -434,9 +444,13 @@ class HybridTrainer:
         Rows trained by this worker alone get local SGD; shared rows add
         ``-lr * grad`` at the PS; in full-set mode every trained row is
         updated and written; plan pushes write dirty rows another worker
-        needs next (after their local update).
+        needs next (after their local update). In HET mode every trained
+        row is updated in the cache, and pushed as the state says
+        (``hybrid.stale_cache``).
         """
         lr = self.config.train.embedding_lr
+        if self.stale is not None:
+            return self.stale.update(work, gradients, lr)
         local = work.local
         self.cache[work.slots[local]] -= lr * gradients[local]
         full = work.full_set
@@ -494,9 +508,14 @@ class HybridTrainer:
         """Write every dirty row to the PS (collective over workers), e.g. before reading the table."""
         if self.roles.is_ps:
             return
-        workers, rows, slots = self.scheduler.state.flush_dirty()
-        mine = workers == self.roles.worker
-        self.table.put(rows[mine], self.cache[slots[mine]]).wait()
+        if self.stale is not None:
+            workers, rows, slots, counts = self.scheduler.state.flush_pending()
+            mine = workers == self.roles.worker
+            self.stale.flush(rows[mine], slots[mine], counts[mine])
+        else:
+            workers, rows, slots = self.scheduler.state.flush_dirty()
+            mine = workers == self.roles.worker
+            self.table.put(rows[mine], self.cache[slots[mine]]).wait()
         self.roles.worker_barrier()
 
     def evaluate(self, test: BatchStore, batch_size: int = 4096) -> Optional[dict]:

@@ -30,7 +30,7 @@ def train(config, store, iterations: int) -> Run:
     capacity = None if roles.is_ps else trainer.scheduler.state.capacity
     trainer.close()
     roles.free()
-    moved = MPI.COMM_WORLD.allreduce(sum(sum(r["moved"].values()) for r in log))
+    moved = MPI.COMM_WORLD.allreduce(sum(r["moved"][k] for r in log for k in ("pull", "put", "accumulate", "p2p")))
     return Run(log, table, params, capacity, moved)
 
 

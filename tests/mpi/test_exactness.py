@@ -1,4 +1,4 @@
-"""BSP modes equal the single-process reference (docs/design.md section 9), across ranks.
+"""BSP modes (HET with staleness 0 among them) equal the single-process reference (docs/design.md section 9), across ranks.
 
 World size N runs N-1 workers + 1 PS and N-2 workers + 2 PS (launch/test.sh
 runs N = 3, 4 and 5: 1-4 workers, 1-2 PS), float64, a cache small enough that
@@ -24,7 +24,7 @@ def store_path():
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["vanilla", "laia", "plan", "herald"])
+@pytest.mark.parametrize("mode", ["vanilla", "laia", "plan", "herald", "het"])
 @pytest.mark.parametrize("model", ["dlrm", "wide_deep", "deepfm", "dcn", "ncf"])
 @pytest.mark.parametrize("n_ps", [1, 2])
 def test_bsp_modes_equal_the_single_process_reference(store_path, mode, model, n_ps):
@@ -46,7 +46,7 @@ def test_bsp_modes_equal_the_single_process_reference(store_path, mode, model, n
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["vanilla", "herald"])
+@pytest.mark.parametrize("mode", ["vanilla", "herald", "het"])
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
 @pytest.mark.parametrize("transport", ["rma", "packed"])
 def test_exact_under_heavy_cache_churn(store_path, mode, overlap, transport):

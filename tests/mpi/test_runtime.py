@@ -31,20 +31,23 @@ def _config(store_path, *overrides):
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode,sync", [("vanilla", "ps"), ("herald", "ps"), ("herald", "p2p")])
+@pytest.mark.parametrize("mode,sync,staleness", [("vanilla", "ps", 0), ("herald", "ps", 0), ("herald", "p2p", 0),
+                                                 ("het", "ps", 0), ("het", "ps", 3)])
 @pytest.mark.parametrize("transport", ["rma", "packed"])
-def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, sync, transport):
+def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, sync, staleness, transport):
     world = MPI.COMM_WORLD
-    config = _config(store_path, f"scheduler.mode={mode}", f"scheduler.sync={sync}", f"cluster.transport={transport}")
+    config = _config(store_path, f"scheduler.mode={mode}", f"scheduler.sync={sync}", f"cluster.transport={transport}",
+                     f"scheduler.staleness={staleness}", *(["cache.ratio=0.015"] if staleness else []))
     store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
     roles = split_roles(config.cluster.workers, config.cluster.ps)
     trainer = HybridTrainer(config, roles, store)
     log = trainer.train(40)
     digests = [r["digest"] for r in log]
-    moved = np.array([sum(r["moved"][k] for r in log) for k in ("pull", "put", "accumulate", "p2p")])
+    kinds = ("pull", "put", "accumulate", "p2p", "version_read")
+    moved = np.array([sum(r["moved"][k] for r in log) for k in kinds])
     trainer.close()
     everyone = world.allgather(None if roles.is_ps else digests)
-    totals = world.allreduce(np.zeros(4, np.int64) if roles.is_ps else moved)
+    totals = world.allreduce(np.zeros(len(kinds), np.int64) if roles.is_ps else moved)
     roles.free()
     workers = [d for d in everyone if d is not None]
     assert len(workers) == config.cluster.workers and all(d == workers[0] for d in workers)
@@ -53,8 +56,14 @@ def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, sy
     assert totals[0] == simulated.pulls
     assert totals[1] + totals[2] == simulated.pushes
     assert totals[3] == simulated.p2p
+    assert totals[4] == simulated.version_checks
     if sync == "p2p" and config.cluster.workers > 1:
         assert simulated.p2p > 0, "no row went worker to worker: the test would mean nothing"
+    if mode == "het":
+        assert simulated.version_checks > 0
+        if staleness:
+            assert simulated.by_kind["delta_writeback"] > 0 and simulated.by_kind["local"] > 0, \
+                "no update was kept in a cache: the staleness would mean nothing"
 
 
 @pytest.mark.mpi(min_size=3)

@@ -9,8 +9,12 @@ PS = "PS"
 
 
 class OracleState:
-    def __init__(self, n_workers, n_rows, capacity, full_set, p2p=False, policy="lru"):
+    def __init__(self, n_workers, n_rows, capacity, full_set, p2p=False, policy="lru", staleness=None):
         self.n, self.capacity, self.full_set, self.p2p = n_workers, capacity, full_set, p2p
+        self.staleness = staleness  # HET: None, or s
+        self.version = [0] * n_rows  # HET: updates pushed per row
+        self.seen = [{} for _ in range(n_workers)]  # HET: row -> version its cached value has seen
+        self.pending = [{} for _ in range(n_workers)]  # HET: row -> its updates not pushed yet
         self.lfu = policy == "lfu"
         self.holders = [{PS} for _ in range(n_rows)]
         self.caches = [OrderedDict() for _ in range(n_workers)]  # row -> slot, LRU first
@@ -36,6 +40,8 @@ class OracleState:
                 self.trainers.setdefault(e, set()).add(w)
 
     def train(self):
+        if self.staleness is not None:
+            return self._train_het()
         events, self.peers = [], []
         sources = {}  # (receiver, row) -> (sender, sender's slot): P2P, decided before any eviction
         if self.p2p:
@@ -89,6 +95,51 @@ class OracleState:
                 else:
                     events.append(("local", w, e, slot))
                     self.holders[e] = {w}
+        return events
+
+    def _train_het(self):
+        """HET's clocks: one event list with ("kind", worker, row, slot, value)."""
+        events, sync, versions = [], set(), list(self.version)  # reads see the versions of the iteration's start
+        self.peers = []
+        for w, rows_w in enumerate(self.needs):
+            cache, seen, pending = self.caches[w], self.seen[w], self.pending[w]
+            for e in rows_w:
+                if e in cache:
+                    cache.move_to_end(e)
+                    self._access(w, e, self.freq[w][e] + 1)
+            for e in rows_w:
+                if e in cache:
+                    events.append(("version_check", w, e, cache[e], versions[e]))
+                    if versions[e] - seen[e] <= self.staleness:
+                        continue
+                    if pending.get(e, 0) > 0:
+                        sync.add((w, e))
+                else:
+                    if self.free[w]:
+                        slot = self.free[w].pop(0)
+                    else:
+                        victim = self._victim(w, rows_w)
+                        slot = cache.pop(victim)
+                        if pending.get(victim, 0) > 0:
+                            events.append(("delta_writeback", w, victim, slot, pending[victim]))
+                            self.version[victim] += pending[victim]
+                        pending.pop(victim, None)
+                        seen.pop(victim, None)
+                    cache[e] = slot
+                    self._access(w, e, 1)
+                events.append(("pull", w, e, cache[e], 0))
+                seen[e] = versions[e]
+        for w, rows_w in enumerate(self.needs):
+            seen, pending = self.seen[w], self.pending[w]
+            for e in rows_w:
+                pending[e] = pending.get(e, 0) + 1
+                if pending[e] > self.staleness or (w, e) in sync:
+                    events.append(("delta_push", w, e, self.caches[w][e], pending[e]))
+                    self.version[e] += pending[e]
+                    seen[e] += pending[e]
+                    pending[e] = 0
+                else:
+                    events.append(("local", w, e, self.caches[w][e], 0))
         return events
 
     def _access(self, w, e, count):

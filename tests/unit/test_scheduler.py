@@ -81,12 +81,16 @@ def test_cache_smaller_than_a_working_set_is_refused(criteo_like):
         Scheduler.from_config(_config(criteo_like, "cache.ratio=0.001"), cardinalities=store.cardinalities)
 
 
-def test_unimplemented_modes_say_so(criteo_like):
+def test_unimplemented_modes_and_settings_say_so(criteo_like):
     store = BatchStore(criteo_like)
-    with pytest.raises(SchedulerError, match="het is not implemented yet"):
-        Scheduler.from_config(_config(criteo_like, "scheduler.mode=het"), cardinalities=store.cardinalities)
+    with pytest.raises(SchedulerError, match="fae is not implemented yet"):
+        Scheduler.from_config(_config(criteo_like, "scheduler.mode=fae"), cardinalities=store.cardinalities)
     with pytest.raises(SchedulerError, match="staleness=2 applies to mode het"):
         Scheduler.from_config(_config(criteo_like, "scheduler.staleness=2"), cardinalities=store.cardinalities)
+    for setting in ("train.checkpoint_every=10", "train.eval_every=10", "train.deterministic=true"):
+        with pytest.raises(SchedulerError, match=f"{setting.split('=')[0]}=.* not supported with scheduler.mode=het"):
+            Scheduler.from_config(_config(criteo_like, "scheduler.mode=het", setting),
+                                  cardinalities=store.cardinalities)
 
 
 def test_every_mode_is_one_policy_and_the_built_ones_schedule(criteo_like):
