@@ -981,6 +981,24 @@ cdef class ClusterState:
                 self.set_bit(rows[k], PS_BIT)
         return workers_array, rows_array, slots_array
 
+    def reset_to_ps(self, rows):
+        """The PS alone holds the latest value of ``rows`` (FAE: the replicas were written to it).
+
+        Cached copies stay in their slots but are no longer fresh, so the
+        next iteration that needs them reads them again. Called at FAE's
+        strip switches, not per iteration: it costs the rows given.
+        """
+        if self.full_set is False or self.staleness >= 0:
+            raise StateError("reset_to_ps() is for full-set synchronization (FAE's cold strips): "
+                             "no row may be dirty on a worker")
+        cdef int64_t[::1] view = np.ascontiguousarray(rows, dtype=np.int64)
+        if view.shape[0] and (np.asarray(view).min() < 0 or np.asarray(view).max() >= self.n_rows):
+            raise ValueError(f"rows must be in [0, {self.n_rows})")
+        cdef int64_t k
+        with nogil:
+            for k in range(view.shape[0]):
+                self.set_only(view[k], PS_BIT)
+
     def dirty_slots(self, int w):
         """(rows, slots) of worker ``w``'s dirty rows, without changing the state.
 

@@ -181,25 +181,21 @@ def cmd_fae(args) -> int:
     """FAE's calibration of a workload's store: hot rows and hot inputs, kept beside the data."""
     import time
 
-    import numpy as np
 
     from hybrid.data.store import BatchStore
-    from hybrid.fae_calibration import stored_calibration
+    from hybrid.fae_scheduler import calibration_for
 
     config = load_config(args.config, args.overrides)
     store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
-    row_bytes = config.model.embedding_dim * np.dtype(config.model.precision.value).itemsize
     start = time.perf_counter()
-    stored = stored_calibration(store, row_bytes=row_bytes, budget_bytes=int(config.fae.budget_mb * 2**20),
-                                sample_fraction=config.fae.sample_fraction, seed=config.seed,
-                                say=lambda line: print(line, file=sys.stderr))
+    stored = calibration_for(config, store, say=lambda line: print(line, file=sys.stderr))
     s = stored.summary
     if args.json:
         print(json.dumps({**s, "path": str(stored.path), "seconds": round(time.perf_counter() - start, 3)}))
         return 0
     print(f"{config.name}: cutoff {s['cutoff']} sampled accesses ({s['sampled_inputs']} inputs sampled); "
           f"{s['hot_rows']} hot rows, {s['hot_bytes'] / 2**20:.1f} MB (estimated at most "
-          f"{s['estimated_bytes'] / 2**20:.1f} MB, budget {s['budget_bytes'] / 2**20:.0f} MB); "
+          f"{s['estimated_bytes'] / 2**20:.1f} MB, budget {s['budget_bytes'] / 2**20:g} MB); "
           f"{s['hot_inputs']} of {s['inputs']} training inputs hot ({s['hot_inputs'] / max(1, s['inputs']):.1%})")
     print(f"  hot rows per table: {s['hot_rows_per_table']}")
     print(f"  kept in {stored.path} ({time.perf_counter() - start:.1f} s)")
@@ -237,12 +233,13 @@ def cmd_simulate(args) -> int:
           f"(after {config.scheduler.warmup_iterations} warm-up)")
     width = max(9, *(len(label) + 1 for label in results))
     print(f"{'mode':<{width}}{'pulls':>11}{'pushes':>11}{'p2p':>8}{'total':>11}{'-pull':>8}{'-push':>8}{'-total':>8}"
-          f"{'hit':>7}{'sched ms':>10}{'checks':>11}")
+          f"{'hit':>7}{'sched ms':>10}{'checks':>11}{'allreduced':>11}")
     for label, counts in results.items():
         cut = reduction(counts, baseline) if baseline else None
         cuts = "".join(f"{cut[k]:>8.1%}" for k in ("pulls", "pushes", "transmissions")) if cut else " " * 24
         print(f"{label:<{width}}{counts.pulls:>11}{counts.pushes:>11}{counts.p2p:>8}{counts.transmissions:>11}"
-              f"{cuts}{counts.hit_rate:>7.1%}{counts.sched_ms:>10.3f}{counts.version_checks:>11}")
+              f"{cuts}{counts.hit_rate:>7.1%}{counts.sched_ms:>10.3f}{counts.version_checks:>11}"
+              f"{counts.allreduced:>11}")
     if args.json:
         print(json.dumps({label: counts.summary() for label, counts in results.items()}))
     return 0

@@ -160,6 +160,8 @@ class SchedulerConfig:
 class FaeConfig:
     budget_mb: float = 256.0  # memory for the hot rows replicated on every worker (tables under 1 MB included)
     sample_fraction: float = 0.05  # of the training inputs, for the access counts
+    heldout_samples: int = 4096  # of the test split, for the loss that sets the strip lengths
+    small_table_kb: float = 1024.0  # tables smaller than this are hot whole (the paper: 1 MB)
 
 
 @dataclass
@@ -318,6 +320,8 @@ def validate(config: Config) -> None:
     _check(c.scheduler.budget_ms >= 0, "scheduler.budget_ms", f"must be >= 0, got {c.scheduler.budget_ms}")
     _check(c.fae.budget_mb >= 0, "fae.budget_mb", f"must be >= 0, got {c.fae.budget_mb}")
     _check(0 < c.fae.sample_fraction <= 1, "fae.sample_fraction", f"must be in (0, 1], got {c.fae.sample_fraction}")
+    _check(c.fae.heldout_samples >= 1, "fae.heldout_samples", f"must be >= 1, got {c.fae.heldout_samples}")
+    _check(c.fae.small_table_kb >= 0, "fae.small_table_kb", f"must be >= 0, got {c.fae.small_table_kb}")
     _check(bool(c.data.path), "data.path", "must name the store directory")
     synthetic = c.data.synthetic
     if synthetic is not None:

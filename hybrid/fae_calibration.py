@@ -112,22 +112,24 @@ def candidate_cutoffs(counts: list[np.ndarray]) -> np.ndarray:
 
 
 def calibrate(sparse_sample: np.ndarray, cardinalities, *, row_bytes: int, budget_bytes: int = 256 << 20,
-              seed: int = 0, sampled_inputs: int | None = None) -> Calibration:
+              seed: int = 0, sampled_inputs: int | None = None,
+              small_table_bytes: int = SMALL_TABLE_BYTES) -> Calibration:
     """Choose the lowest cutoff whose estimated hot rows fit ``budget_bytes``; mark the hot rows.
 
     ``sparse_sample`` are the sampled inputs' ids ([inputs, tables]);
     ``row_bytes`` one row's size (dim x itemsize). When not even the highest
     cutoff fits, no large-table row is hot. A budget below the tables under
-    1 MB, which are hot whole, is an error.
+    ``small_table_bytes`` (1 MB in the paper), which are hot whole, is an error.
     """
     if row_bytes < 1 or budget_bytes < 0:
         raise ValueError(f"row_bytes must be >= 1 and budget_bytes >= 0, got {row_bytes} and {budget_bytes}")
     counts = access_counts(sparse_sample, cardinalities)
-    small = [int(n) * row_bytes < SMALL_TABLE_BYTES for n in cardinalities]
+    small = [int(n) * row_bytes < small_table_bytes for n in cardinalities]
     small_bytes = sum(int(n) * row_bytes for n, s in zip(cardinalities, small) if s)
     if small_bytes > budget_bytes:
         raise ValueError(f"a budget of {budget_bytes / 2**20:.2f} MB is below the {small_bytes / 2**20:.2f} MB of "
-                         f"the tables under 1 MB, which are hot whole; raise fae.budget_mb")
+                         f"the tables under {small_table_bytes / 2**20:g} MB, which are hot whole; raise "
+                         f"fae.budget_mb")
     rng = np.random.default_rng(seed)
     chosen, chosen_bytes = None, float(small_bytes)
     for cutoff in candidate_cutoffs(counts):
@@ -160,7 +162,8 @@ def classify_store(sparse: np.ndarray, hot: list, chunk_rows: int = 1 << 18) -> 
                            for begin in range(0, len(sparse), chunk_rows)] or [np.zeros(0, dtype=bool)])
 
 
-def calibrate_store(store, *, row_bytes: int, budget_bytes: int, sample_fraction: float, seed: int) -> dict:
+def calibrate_store(store, *, row_bytes: int, budget_bytes: int, sample_fraction: float, seed: int,
+                    small_table_bytes: int = SMALL_TABLE_BYTES) -> dict:
     """Calibrate on a sample of ``store``'s inputs (its train split) and classify every one of them.
 
     Returns the arrays to keep beside the data: ``hot_rows`` (int64 global
@@ -171,7 +174,7 @@ def calibrate_store(store, *, row_bytes: int, budget_bytes: int, sample_fraction
     sparse = store.sparse()
     positions = sample_positions(len(sparse), sample_fraction, seed)
     result = calibrate(np.asarray(sparse[positions]), store.cardinalities, row_bytes=row_bytes,
-                       budget_bytes=budget_bytes, seed=seed)
+                       budget_bytes=budget_bytes, seed=seed, small_table_bytes=small_table_bytes)
     classified = classify_store(sparse, result.hot)
     offsets = store.table_offsets
     hot_rows = np.concatenate([np.flatnonzero(mask) + offset for mask, offset in zip(result.hot, offsets)])
@@ -183,9 +186,12 @@ def calibrate_store(store, *, row_bytes: int, budget_bytes: int, sample_fraction
     return {"hot_rows": hot_rows.astype(np.int64), "hot_inputs": classified, "summary": summary}
 
 
-def calibration_key(store, *, row_bytes: int, budget_bytes: int, sample_fraction: float, seed: int) -> str:
+def calibration_key(store, *, row_bytes: int, budget_bytes: int, sample_fraction: float, seed: int,
+                    small_table_bytes: int = SMALL_TABLE_BYTES) -> str:
     """Names a calibration by everything it depends on: the data, its split, the budget, the sample."""
     parts = [store.fingerprint, store.start, store.stop, row_bytes, budget_bytes, sample_fraction, seed]
+    if small_table_bytes != SMALL_TABLE_BYTES:  # keys made before the setting existed stay valid
+        parts.append(small_table_bytes)
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -200,19 +206,19 @@ class StoredCalibration:
 
 
 def stored_calibration(store, *, row_bytes: int, budget_bytes: int, sample_fraction: float, seed: int,
-                       say=print) -> StoredCalibration:
+                       small_table_bytes: int = SMALL_TABLE_BYTES, say=print) -> StoredCalibration:
     """The calibration kept beside the data (``STORE/fae/KEY/``); made and written first if missing.
 
     Written into a temporary sibling and renamed, so an interrupted run
     leaves no partial calibration; later runs of the same key reuse it.
     """
     key = calibration_key(store, row_bytes=row_bytes, budget_bytes=budget_bytes,
-                          sample_fraction=sample_fraction, seed=seed)
+                          sample_fraction=sample_fraction, seed=seed, small_table_bytes=small_table_bytes)
     final = Path(store.path) / "fae" / key
     if not (final / "calibration.json").is_file():
         say(f"calibrating hot rows on {sample_fraction:.1%} of {store.n_samples} inputs -> {final}")
         made = calibrate_store(store, row_bytes=row_bytes, budget_bytes=budget_bytes,
-                               sample_fraction=sample_fraction, seed=seed)
+                               sample_fraction=sample_fraction, seed=seed, small_table_bytes=small_table_bytes)
         final.parent.mkdir(exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=final.parent))
         try:

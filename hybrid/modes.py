@@ -11,8 +11,7 @@ A mode is two choices, not a loop of its own:
 
 :func:`policy_for` gives a mode's :class:`ModePolicy`; the scheduler builds
 its allocation policy and cluster state from it, and refuses a config the
-mode cannot run before any collective. FAE is declared here with its
-choices but not built yet: asking for it is a clear error.
+mode cannot run before any collective.
 """
 from __future__ import annotations
 
@@ -53,52 +52,48 @@ class ModePolicy:
     mode: Mode
     allocation: Allocation
     sync: Sync
-    built: bool = True
 
     def check(self, config: Config) -> None:
         """Raise :class:`SchedulerError` when this mode cannot run ``config``."""
-        if not self.built:
-            built = ", ".join(m.value for m, p in POLICIES.items() if p.built)
-            raise SchedulerError(f"scheduler.mode={self.mode.value} is not implemented yet ({self.sync.value}); "
-                                 f"implemented: {built}")
         if config.scheduler.staleness and self.sync is not Sync.het_clocks:
             raise SchedulerError(f"scheduler.staleness={config.scheduler.staleness} applies to mode het only; "
                                  f"use scheduler.staleness=0 with mode {self.mode.value}")
         if config.scheduler.sync is SyncMode.p2p and self.sync is not Sync.on_demand:
             raise SchedulerError(f"scheduler.sync=p2p needs an on-demand mode (plan or herald), "
                                  f"not {self.mode.value}")
-        if self.sync is Sync.het_clocks:
-            self._check_het(config)
+        if self.sync in (Sync.het_clocks, Sync.fae_replicas):
+            self._check_unsaved(config)
+        if self.sync is Sync.fae_replicas and config.data.test_fraction <= 0:
+            raise SchedulerError("scheduler.mode=fae follows the held-out loss between strips: "
+                                 "use data.test_fraction > 0")
 
-    @staticmethod
-    def _check_het(config: Config) -> None:
-        """What HET's clocks do not support yet: each refused by name (docs/design.md section 7)."""
+    def _check_unsaved(self, config: Config) -> None:
+        """What HET and FAE do not support yet: each refused by name (docs/design.md section 7)."""
         refused = {"train.checkpoint_every": config.train.checkpoint_every,
                    "train.eval_every": config.train.eval_every,
                    "train.deterministic": config.train.deterministic}
         for key, value in refused.items():
             if value:
-                raise SchedulerError(f"{key}={value} is not supported with scheduler.mode=het: its caches hold "
-                                     f"updates the PS has not seen, which checkpoints and mid-run evaluations "
-                                     f"do not carry, and its pushes are not ordered; use {key}=0 or another mode")
+                raise SchedulerError(f"{key}={value} is not supported with scheduler.mode={self.mode.value}: "
+                                     f"its workers hold updates the PS has not seen (HET's caches, FAE's "
+                                     f"replicas), which checkpoints and mid-run evaluations do not carry yet; "
+                                     f"use {key}=0 or another mode")
 
     def cluster_state(self, config: Config, *, n_rows: int, capacity: int, max_pairs: int,
                       worker: int | None) -> ClusterState:
         """The cluster state that steps this mode's synchronization (``worker``: the runtime's own)."""
         return ClusterState(n_workers=config.cluster.workers, n_rows=n_rows, capacity=capacity,
-                            full_set=self.sync is Sync.full_set, max_pairs=max_pairs,
+                            full_set=self.sync in (Sync.full_set, Sync.fae_replicas), max_pairs=max_pairs,
                             p2p=config.scheduler.sync is SyncMode.p2p, policy=config.cache.policy.value,
                             focus=-1 if worker is None else worker, annotate=worker is not None,
                             staleness=config.scheduler.staleness if self.sync is Sync.het_clocks else -1)
 
     def allocation_policy(self, config: Config, state: ClusterState, cardinalities: np.ndarray) -> AllocationPolicy:
         """This mode's allocation policy; LAIA reads ``state`` (where rows are cached and fresh)."""
-        if self.allocation is Allocation.random:
+        if self.allocation in (Allocation.random, Allocation.hot_cold):  # FAE: random within each hot or cold batch
             return RandomAllocation(config.cluster.workers, config.seed)
         if self.allocation is Allocation.contiguous:
             return ContiguousAllocation(config.cluster.workers)
-        if self.allocation is not Allocation.laia:
-            raise SchedulerError(f"allocation {self.allocation.value} is not built")
         sched = config.scheduler
         if sched.laia is LaiaVariant.adaptive:
             return AdaptiveLaiaAllocation(state, config.seed, cardinalities, score_tables=sched.score_tables,
@@ -113,7 +108,7 @@ POLICIES = {
     Mode.plan: ModePolicy(Mode.plan, Allocation.random, Sync.on_demand),
     Mode.herald: ModePolicy(Mode.herald, Allocation.laia, Sync.on_demand),
     Mode.het: ModePolicy(Mode.het, Allocation.contiguous, Sync.het_clocks),
-    Mode.fae: ModePolicy(Mode.fae, Allocation.hot_cold, Sync.fae_replicas, built=False),
+    Mode.fae: ModePolicy(Mode.fae, Allocation.hot_cold, Sync.fae_replicas),
 }
 
 

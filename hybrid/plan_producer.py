@@ -57,12 +57,14 @@ class PlanProducer:
     def _run(self, batches: Iterable[GlobalBatch]) -> None:
         pending: collections.deque = collections.deque()
 
-        def sparse():
+        whole = getattr(self.scheduler, "takes_batches", False)  # FAE's scheduler reads each batch's strip
+
+        def feed():
             for batch in batches:
                 pending.append(batch)
-                yield batch.sparse
+                yield batch if whole else batch.sparse
 
-        plans = self.scheduler.plans(sparse(), self._resume)
+        plans = self.scheduler.plans(feed(), self._resume)
         self._resume = None  # the generator drops it once loaded
         try:
             for plan in plans:

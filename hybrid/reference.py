@@ -6,6 +6,8 @@ order, the mean loss over the global batch, SGD on embeddings and MLP.
 """
 from __future__ import annotations
 
+from typing import Iterable, Optional
+
 import numpy as np
 import torch
 
@@ -15,8 +17,12 @@ from hybrid.embedding_init import initial_rows
 from hybrid.models import build_model, dense_optimizer
 
 
-def train_reference(config: Config, store: BatchStore, iterations: int):
-    """Final (embedding table [rows, dim], model) after ``iterations`` global batches."""
+def train_reference(config: Config, store: BatchStore, iterations: int, batches: Optional[Iterable] = None):
+    """Final (embedding table [rows, dim], model) after ``iterations`` global batches.
+
+    ``batches``: the global batches in the order a mode trained them (FAE's
+    strips); by default the store's.
+    """
     dtype = getattr(torch, config.model.precision.value)
     offsets = store.table_offsets
     n_rows = int(store.cardinalities.sum())
@@ -24,7 +30,8 @@ def train_reference(config: Config, store: BatchStore, iterations: int):
                                       np.dtype(config.model.precision.value)))
     model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed)
     optimizer = dense_optimizer(config, model.parameters())
-    batches = store.batches(config.global_batch, shuffle=config.data.shuffle, seed=config.data.shuffle_seed)
+    if batches is None:
+        batches = store.batches(config.global_batch, shuffle=config.data.shuffle, seed=config.data.shuffle_seed)
     for _, batch in zip(range(iterations), batches):
         rows = torch.from_numpy(batch.sparse.astype(np.int64) + offsets)
         table.requires_grad_(True)

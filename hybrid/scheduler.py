@@ -18,9 +18,10 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
-from hybrid._ext.cluster_state import KIND_NAMES, UPDATE_KINDS, ClusterState
+from hybrid._ext.cluster_state import KIND_NAMES, ClusterState
 from hybrid.allocation import AllocationPolicy
 from hybrid.config import Config, Mode
+from hybrid.event_kinds import FAE_KINDS, UPDATE_KINDS
 from hybrid.modes import SchedulerError, policy_for
 
 
@@ -79,6 +80,20 @@ class StaleShare:
 
 
 @dataclass(frozen=True)
+class HotShare:
+    """FAE's part of a hot iteration for one worker: its rows are in the replica (slots = replica positions).
+
+    ``union``: replica positions of the distinct rows of the whole global
+    batch, sorted, the same on every worker: the hot gradients are summed
+    as one ``[len(union), dim]`` allreduce. ``positions``: where this
+    worker's rows are in it.
+    """
+
+    union: np.ndarray  # int64
+    positions: np.ndarray  # int64
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     """What one worker executes in one iteration. Every array follows the batch, never the cache.
 
@@ -112,6 +127,7 @@ class WorkerPlan:
     p2p_in: PeerTransfer  # rows other workers send this worker at the start of the iteration (P2P mode)
     p2p_out: PeerTransfer  # rows this worker sends them
     stale: Optional[StaleShare] = None  # HET mode
+    hot: Optional[HotShare] = None  # FAE mode, hot iterations
 
 
 @dataclass
@@ -127,6 +143,7 @@ class BatchPlan:
     snapshot: Optional[dict] = None  # debug: one worker's view of the state after this iteration
     saved: Optional[dict] = None  # for a checkpoint: Scheduler.save_arrays() after this iteration
     dirty: Optional[tuple] = None  # for a checkpoint or an evaluation: (rows, slots) dirty at the worker after it
+    fae: Optional[object] = None  # FAE: what happens before this iteration (hybrid.fae_scheduler.FaeStep)
 
     @property
     def needed(self) -> int:
@@ -263,8 +280,9 @@ class Scheduler:
                              f"{len(rows)}")
         return int(arrays["next_step"]), alloc
 
-    def plans(self, batches: Iterable[np.ndarray], resume: Optional[dict] = None) -> Iterator[BatchPlan]:
-        """One plan per batch of per-table ids ([B, tables]), in order.
+    def plans(self, batches: Iterable[np.ndarray], resume: Optional[dict] = None,
+              start_step: int = 0) -> Iterator[BatchPlan]:
+        """One plan per batch of per-table ids ([B, tables]), in order, numbered from ``start_step``.
 
         ``resume`` (from :meth:`save_arrays`) continues an earlier run: then
         ``batches`` start at the batch of its ``next_step``.
@@ -274,7 +292,7 @@ class Scheduler:
         if first is None:
             return
         if resume is None:
-            step, (rows, alloc) = 0, self._allocate(first, 0)
+            step, (rows, alloc) = start_step, self._allocate(first, start_step)
         else:
             rows = self.global_rows(first)
             step, alloc = self._restore(resume, rows)
@@ -298,7 +316,7 @@ class Scheduler:
             digest.update(int(self.state.event_digest).to_bytes(8, "little"))
             work = self._work(trained)
             timing["plan"] = time.perf_counter() - start
-            counts = {k: counts[k] + planned[k] for k in KIND_NAMES}
+            counts = {k: counts[k] + planned[k] for k in KIND_NAMES} | dict.fromkeys(FAE_KINDS, 0)
             self._next = (step + 1, next_alloc)
             yield BatchPlan(step=step, allocation=alloc, counts=counts, timing=timing,
                             digest=digest.hexdigest()[:16], work=work, snapshot=self._snapshot())

@@ -4,17 +4,20 @@ Runs the same scheduler and cluster state the training runtime uses over the
 store's global batches and counts what docs/design.md section 6 defines: pulls
 (rows read from the PS), pushes (rows written to the PS: Accumulate, Put of
 plan pushes and full-set pushes, eviction write-backs), p2p rows, and the
-fresh hit rate; HET's version checks (8-byte reads, not rows) apart. The
+fresh hit rate; HET's version checks (8-byte reads, not rows) and FAE's allreduced rows apart. The
 first ``warmup`` iterations are excluded, as in the paper.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Optional
 
-from hybrid._ext.cluster_state import CHECK_KINDS, PEER_KINDS, PULL_KINDS, PUSH_KINDS
 from hybrid.config import Config, Mode
 from hybrid.data.store import BatchStore
+from hybrid.event_kinds import ALLREDUCE_KINDS, CHECK_KINDS, PEER_KINDS, PULL_KINDS, PUSH_KINDS
+from hybrid.fae_order import replayed_batches
+from hybrid.fae_scheduler import FaeScheduler, calibration_for
 from hybrid.scheduler import Scheduler
 
 
@@ -27,6 +30,7 @@ class ModeCounts:
     pushes: int = 0
     p2p: int = 0
     version_checks: int = 0
+    allreduced: int = 0
     needed: int = 0
     by_kind: dict = field(default_factory=dict)
     sched_seconds: dict = field(default_factory=dict)
@@ -51,6 +55,7 @@ class ModeCounts:
         self.p2p += sum(plan.counts[k] for k in PEER_KINDS)
         self.pushes += sum(plan.counts[k] for k in PUSH_KINDS)
         self.version_checks += sum(plan.counts[k] for k in CHECK_KINDS)
+        self.allreduced += sum(plan.counts[k] for k in ALLREDUCE_KINDS)
         self.needed += plan.needed
         for kind, n in plan.counts.items():
             self.by_kind[kind] = self.by_kind.get(kind, 0) + n
@@ -59,7 +64,8 @@ class ModeCounts:
 
     def summary(self) -> dict:
         return {"pulls": self.pulls, "pushes": self.pushes, "p2p": self.p2p,
-                "transmissions": self.transmissions, "version_checks": self.version_checks, "hit_rate": round(self.hit_rate, 6),
+                "transmissions": self.transmissions, "version_checks": self.version_checks,
+                "allreduced": self.allreduced, "hit_rate": round(self.hit_rate, 6),
                 "sched_ms": round(self.sched_ms, 4), "iterations": self.iterations,
                 "by_kind": self.by_kind,
                 "sched_ms_by_stage": {k: round(1000 * v / max(1, self.iterations), 4)
@@ -67,11 +73,20 @@ class ModeCounts:
 
 
 def simulate_mode(config: Config, store: BatchStore, mode: Mode, iterations: int = 0,
-                  progress=None) -> ModeCounts:
-    """Counts of one mode over ``iterations`` global batches (0 = the whole split)."""
-    scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, mode=mode)
-    batches = (b.sparse for b in store.batches(config.global_batch, shuffle=config.data.shuffle,
-                                                seed=config.data.shuffle_seed))
+                  progress=None, fae_losses: Optional[list] = None) -> ModeCounts:
+    """Counts of one mode over ``iterations`` global batches (0 = the whole split, one pass for FAE).
+
+    FAE's strip lengths follow the held-out loss, which only training
+    measures: ``fae_losses`` (per pair, as a run logged them) lays out the
+    run's strips; without them the rate stays at its start.
+    """
+    if mode is Mode.fae:
+        scheduler, batches, pass_length = _fae_plans(config, store, fae_losses)
+        iterations = iterations or pass_length
+    else:
+        scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, mode=mode)
+        batches = (b.sparse for b in store.batches(config.global_batch, shuffle=config.data.shuffle,
+                                                    seed=config.data.shuffle_seed))
     if iterations:
         batches = itertools.islice(batches, iterations)
     counts = ModeCounts()
@@ -81,6 +96,15 @@ def simulate_mode(config: Config, store: BatchStore, mode: Mode, iterations: int
         if progress is not None:
             progress(1)
     return counts
+
+
+def _fae_plans(config: Config, store: BatchStore, losses: Optional[list]):
+    """FAE's scheduler and its strips over ``store``, the strips laid out with ``losses`` (or none)."""
+    calibration = calibration_for(config, store, say=lambda *_: None)
+    scheduler = FaeScheduler.from_config(config, cardinalities=store.cardinalities, hot_rows=calibration.hot_rows)
+    batches, pass_length = replayed_batches(store, calibration.hot_inputs, config.global_batch,
+                                            shuffle=config.data.shuffle, seed=config.data.shuffle_seed, losses=losses)
+    return scheduler, batches, pass_length
 
 
 def simulate(config: Config, modes, iterations: int = 0, progress=None) -> dict[Mode, ModeCounts]:

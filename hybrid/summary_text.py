@@ -12,9 +12,14 @@ def format_summary(summary: dict) -> str:
     tested = (f"test AUC {e['auc']:.4f}, log loss {e['logloss']:.4f} on {e['samples']} samples" if e
               else "not evaluated (stopped early)")
     p2p = f", p2p {t['p2p_rows']}" if t.get("p2p_rows") else ""
+    apart = ""  # traffic that is not rows moved through the PS
+    if summary.get("version_checks", {}).get("rows"):
+        apart += f"; {summary['version_checks']['rows']} version checks"
+    if summary.get("allreduced_rows"):
+        apart += f"; {summary['allreduced_rows']} hot rows allreduced"
     return (f"{summary['config']} {summary['mode']}: {summary['workers']} workers + {summary['ps']} PS, "
             f"{summary['iterations']} iterations, {summary['throughput']:.0f} samples/s; "
-            f"transmissions {t['rows']} rows (pull {t['pull_rows']}, push {t['push_rows']}{p2p}), "
+            f"transmissions {t['rows']} rows (pull {t['pull_rows']}, push {t['push_rows']}{p2p}){apart}, "
             f"hit rate {summary['hit_rate']:.1%}; train loss {summary['train_loss']:.4f}, {tested}")
 
 
@@ -30,9 +35,13 @@ def format_checkpoints(summary: dict) -> str:
     for entry in summary["checkpoints"]:
         lines.append(f"  checkpoint after iteration {entry['step']}: {entry['path']} ({entry['seconds']:.1f} s)")
     if summary["stopped_by"]:
-        where = summary["checkpoints"][-1]["path"] if summary["checkpoints"] else "?"
-        lines.append(f"  stopped by {summary['stopped_by']} after iteration "
-                     f"{summary['start_step'] + summary['iterations'] - 1}; continue with --resume (from {where})")
+        last = summary["start_step"] + summary["iterations"] - 1
+        if summary["checkpoints"]:
+            lines.append(f"  stopped by {summary['stopped_by']} after iteration {last}; continue with --resume "
+                         f"(from {summary['checkpoints'][-1]['path']})")
+        else:
+            lines.append(f"  stopped by {summary['stopped_by']} after iteration {last}, without a checkpoint "
+                         f"(mode {summary['mode']} is not checkpointed)")
     return "\n".join(lines)
 
 

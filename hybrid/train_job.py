@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from hybrid import checkpoint as ckpt
-from hybrid._ext.cluster_state import UPDATE_KINDS
+from hybrid.event_kinds import UPDATE_KINDS
 from hybrid.comm import check_agreement, split_roles
 from hybrid.config import Config, flatten
 from hybrid.data.store import BatchStore, StoreError
@@ -189,6 +189,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
                           "pull_bytes": pulls * row_bytes, "push_bytes": pushes * row_bytes,
                           "p2p_bytes": p2p * row_bytes},
         "version_checks": {"rows": int(total[4]), "bytes": 8 * int(total[4])},  # HET: read, not transmissions
+        "allreduced_rows": counts.get("hot_allreduce", 0),  # FAE: hot rows summed with Horovod, not transmissions
         "hit_rate": round(1 - counts.get("pull", 0) / needed, 6) if needed else 0.0,
         "train_loss": round(loss_sum / samples, 6) if samples else float("nan"),
         "events": counts, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},

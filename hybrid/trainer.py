@@ -58,6 +58,8 @@ from hybrid.comm import Roles, init_horovod
 from hybrid.config import Config, SyncMode
 from hybrid.data.store import BatchStore, GlobalBatch
 from hybrid.embedding_init import fill_initial_rows
+from hybrid.fae_scheduler import FaeScheduler, calibration_for
+from hybrid.hot_replicas import HotReplicas
 from hybrid.models import build_model, dense_optimizer
 from hybrid.modes import Sync, policy_for
 from hybrid.plan_producer import PlanProducer
@@ -84,6 +86,11 @@ class Stages:
         with torch.profiler.record_function(name):
             yield
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def _writes_before(plan: BatchPlan) -> bool:
+    """Whether the PS is written before ``plan``'s iteration starts (FAE's replica), so nothing of it is read ahead."""
+    return plan.fae is not None and plan.fae.push_replicas
 
 
 @dataclass
@@ -130,7 +137,9 @@ class HybridTrainer:
         self.overlap = config.train.overlap
         n_rows = int(store.cardinalities.sum())
         dim = config.model.embedding_dim
-        het = policy_for(config.scheduler.mode).sync is Sync.het_clocks
+        sync = policy_for(config.scheduler.mode).sync
+        het = sync is Sync.het_clocks
+        self.saves = sync not in (Sync.het_clocks, Sync.fae_replicas)  # HET and FAE are not checkpointed yet
         self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, dim, dtype=self.dtype,
                                     init=self._initial_rows(resume), transport=config.cluster.transport.value,
                                     spin_seconds=0.0 if roles.oversubscribed else 0.002, versions=het)
@@ -139,10 +148,16 @@ class HybridTrainer:
         self._served = False  # the workers have released the PS ranks (end_service)
         self.peers = None  # workers in P2P mode: their own communicator for rows sent cache to cache
         self.stale = None  # workers in HET mode: the unpushed updates beside the cache
+        self.hot = None  # workers in FAE mode: the replica of the hot rows
         if roles.is_ps:
             self.startup_seconds = time.perf_counter() - start
             return
-        self.scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, worker=roles.worker)
+        if sync is Sync.fae_replicas:
+            self.hot = self._hot_replicas(dim)
+            self.scheduler = FaeScheduler.from_config(config, cardinalities=store.cardinalities,
+                                                      hot_rows=self.hot.rows, worker=roles.worker)
+        else:
+            self.scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, worker=roles.worker)
         if config.train.verify_cache:
             self.scheduler.snapshot_worker = roles.worker
         self.cache = np.zeros((self.scheduler.state.capacity, dim), dtype=self.dtype)  # rows by slot
@@ -168,6 +183,15 @@ class HybridTrainer:
             self.optimizer.load_state_dict(dense["optimizer"])
             self.resume_arrays = ckpt.read_arrays(resume.file("scheduler.npz"))
         self.startup_seconds = time.perf_counter() - start
+
+    def _hot_replicas(self, dim: int) -> HotReplicas:
+        """FAE: the calibration (worker 0 makes and stores it, the others then read it) and the replica."""
+        if self.roles.worker == 0:
+            calibration_for(self.config, self.data)
+        self.roles.worker_barrier()
+        calibration = calibration_for(self.config, self.data, say=lambda *_: None)
+        return HotReplicas(self.table, calibration, dim=dim, dtype=self.dtype, lead=self.roles.worker == 0,
+                           barrier=self.roles.worker_barrier, hvd=self.hvd)
 
     def _initial_rows(self, resume: Optional[ckpt.Checkpoint]) -> Callable[[np.ndarray, int], None]:
         """How a PS rank fills its shard: the seeded initial rows, or its file of the checkpoint."""
@@ -206,8 +230,12 @@ class HybridTrainer:
             self._serve()
             return []
         first = self.run.start_step
-        batches = self.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
-                                    seed=self.config.data.shuffle_seed, start_batch=first)
+        if self.hot is not None:
+            batches = self.hot.batches(self.data, self.config)
+            self.heldout = BatchStore(self.data.path, split="test", test_fraction=self.config.data.test_fraction)
+        else:
+            batches = self.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
+                                        seed=self.config.data.shuffle_seed, start_batch=first)
         self.last_step = iterations - 1
         producer = PlanProducer(self.scheduler, itertools.islice(batches, iterations - first), marks=self._marks,
                                 resume=self.resume_arrays, keeps_state=self.roles.worker == 0)
@@ -219,6 +247,8 @@ class HybridTrainer:
                 self._restore_cache()
                 self._loop(producer, log, on_step, watchdog, test)
         finally:
+            if self.hot is not None:
+                self.hot.feed.close()  # the scheduler thread may wait for a loss that will not come
             producer.close()
         return log
 
@@ -254,6 +284,8 @@ class HybridTrainer:
             following, upcoming, stop = self._iteration(ready, upcoming, plans, stages)
             moved = {k: self.table.rows_moved[k] - before[k] for k in before}
             moved["p2p"] = len(ready.plan.work.p2p_in)  # rows received from other workers' caches
+            hot = ready.plan.work.hot
+            moved["allreduced"] = 0 if hot is None else len(hot.union)  # FAE: hot rows summed (each worker alike)
             prefetched = len(ready.plan.work.prefetch) if ready.prefetched is not None else 0
             record = {"step": ready.plan.step, "counts": ready.plan.counts, "moved": moved,
                       "prefetched": prefetched, "digest": ready.plan.digest, "timing": stages.seconds,
@@ -265,6 +297,9 @@ class HybridTrainer:
             watchdog.beat()
             if on_step is not None:
                 on_step(record)
+            if stop and following is not None and not self.saves:  # every worker stops here, without a checkpoint
+                self.run.stopped_by = self.stop.signal or "a signal on another worker"
+                break
             if stop and not stopping and following is not None:
                 stopping = True
                 self._stop_at_agreed_step(producer)
@@ -387,6 +422,8 @@ class HybridTrainer:
         """
         work, (dense, labels, index) = ready.plan.work, ready.inputs
         with stages("pull"):
+            if ready.plan.fae is not None and self.hot is not None:
+                self.hot.before(ready.plan.fae, self._heldout_loss)
             exchange = p2p_transport.start(self.peers, self.cache, work.p2p_out, work.p2p_in) \
                 if self.peers is not None else None  # before anything of this iteration lands in the cache
             checks = self.stale.start_reads(work.stale) if self.stale is not None else None
@@ -402,9 +439,11 @@ class HybridTrainer:
             if checks is not None:
                 self.stale.verify(work.stale, checks[1])
                 self.stale.place(np.concatenate([work.pull.slots, work.prefetch.slots]))
-            ahead = self._prefetch(upcoming[0]) if (upcoming is not None and self.overlap) else None
+            ahead = self._prefetch(upcoming[0]) if (upcoming is not None and self.overlap and
+                                                    not _writes_before(upcoming[0])) else None
         with stages("compute"):
-            leaf = torch.from_numpy(self.cache[work.slots]).to(self.device).requires_grad_(True)
+            rows_by_slot = self.cache if work.hot is None else self.hot.values
+            leaf = torch.from_numpy(rows_by_slot[work.slots]).to(self.device).requires_grad_(True)
             logits = self.model(dense, torch.nn.functional.embedding(index, leaf))
             # the global batch's mean loss: each worker sums its samples over the global batch size,
             # and the MLP gradients are summed (not averaged) over the workers
@@ -415,8 +454,11 @@ class HybridTrainer:
         with stages("allreduce"):
             self.optimizer.step()  # ordering rule 1: every worker's reads of this iteration are complete
             self.last_loss = float(loss.detach()) * len(ready.batch)
+            gradients = leaf.grad.detach().cpu().numpy()
+            if work.hot is not None:
+                gradients = self.hot.allreduce(work, gradients)
         with stages("push"):
-            writes = self._push(work, leaf.grad.detach().cpu().numpy())
+            writes = self._push(work, gradients)
             if not self.overlap:
                 self.table.complete(*writes)
         following, after = None, None
@@ -451,6 +493,9 @@ class HybridTrainer:
         lr = self.config.train.embedding_lr
         if self.stale is not None:
             return self.stale.update(work, gradients, lr)
+        if work.hot is not None:  # gradients: the global batch's, summed (HotReplicas.allreduce)
+            self.hot.update(work, gradients, lr)
+            return []
         local = work.local
         self.cache[work.slots[local]] -= lr * gradients[local]
         full = work.full_set
@@ -508,6 +553,8 @@ class HybridTrainer:
         """Write every dirty row to the PS (collective over workers), e.g. before reading the table."""
         if self.roles.is_ps:
             return
+        if self.hot is not None and self.hot.ahead:
+            self.hot.push()
         if self.stale is not None:
             workers, rows, slots, counts = self.scheduler.state.flush_pending()
             mine = workers == self.roles.worker
@@ -518,11 +565,18 @@ class HybridTrainer:
             self.table.put(rows[mine], self.cache[slots[mine]]).wait()
         self.roles.worker_barrier()
 
-    def evaluate(self, test: BatchStore, batch_size: int = 4096) -> Optional[dict]:
+    def _heldout_loss(self) -> float:
+        """FAE: the log loss on the first ``fae.heldout_samples`` test samples, the same on every worker."""
+        result = self.evaluate(self.heldout, limit=self.config.fae.heldout_samples)
+        return self.roles.workers.bcast(result["logloss"] if result is not None else None, root=0)
+
+    def evaluate(self, test: BatchStore, batch_size: int = 4096, limit: Optional[int] = None) -> Optional[dict]:
         """AUC and log loss on ``test`` after :meth:`flush`; the result on worker 0, None elsewhere.
 
-        Workers split the test samples, read their rows straight from the PS
-        (the latest model after the flush) and gather predictions to worker 0.
+        Workers split the test samples (the first ``limit`` of them), read
+        their rows straight from the PS (the latest model after the flush) and
+        gather predictions to worker 0. Its reads are not transmissions of
+        training, so they are not counted in ``table.rows_moved``.
         """
         if self.roles.is_ps:
             return None
@@ -531,7 +585,9 @@ class HybridTrainer:
         me, n = self.roles.worker, self.roles.n_workers
         offsets = self.data.table_offsets
         probabilities, labels = [], []
-        positions = np.arange(test.start, test.stop)[me::n]
+        counted = dict(self.table.rows_moved)
+        stop = test.stop if limit is None else min(test.stop, test.start + limit)
+        positions = np.arange(test.start, stop)[me::n]
         with torch.no_grad():
             for begin in range(0, len(positions), batch_size):
                 batch = test.gather(0, positions[begin:begin + batch_size])
@@ -543,16 +599,18 @@ class HybridTrainer:
                 logits = self.model(torch.from_numpy(batch.dense).to(self.device, self.torch_dtype), emb)
                 probabilities.append(torch.sigmoid(logits).cpu().numpy())
                 labels.append(batch.labels)
+        self.table.rows_moved.update(counted)
         gathered = self.roles.workers.gather((np.concatenate(probabilities or [np.zeros(0)]),
                                               np.concatenate(labels or [np.zeros(0)])), root=0)
         if me != 0:
             return None
         p = np.concatenate([g[0] for g in gathered])
         y = np.concatenate([g[1] for g in gathered])
-        if len(y) == 0 or len(np.unique(y)) < 2:
-            return {"samples": int(len(y)), "auc": float("nan"), "logloss": float("nan")}
-        return {"samples": int(len(y)), "auc": float(roc_auc_score(y, p)),
-                "logloss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7)))}
+        if len(y) == 0:
+            return {"samples": 0, "auc": float("nan"), "logloss": float("nan")}
+        logloss = float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7), labels=[0, 1]))
+        auc = float(roc_auc_score(y, p)) if len(np.unique(y)) == 2 else float("nan")
+        return {"samples": int(len(y)), "auc": auc, "logloss": logloss}
 
     def close(self) -> None:
         """End the PS ranks' service if the run has not, and free the store (collective over all ranks)."""

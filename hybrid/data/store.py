@@ -21,7 +21,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -44,6 +44,7 @@ class GlobalBatch:
     dense: np.ndarray  # float32 [B, n_dense]
     labels: np.ndarray  # float32 [B]
     sample_ids: np.ndarray  # int64 [B], positions in the store
+    strip: Optional[object] = None  # FAE: its hybrid.fae_order.Strip
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -151,3 +151,19 @@ def test_a_signal_to_one_rank_stops_every_worker_and_one_to_the_ps_is_ignored(re
         assert last < ITERATIONS - 1, output
         assert f"stopped by a signal on another worker after iteration {last}" in output, output
         assert [p.name for p in checkpoints.iterdir()] == [f"step-{last:09d}"]
+
+
+@pytest.mark.parametrize("mode", ["het", "fae"])
+def test_a_signal_stops_het_and_fae_runs_at_one_iteration_without_a_checkpoint(reference, tmp_path, mode):
+    """Modes whose workers hold updates the PS lacks are not checkpointed: every worker ends, exit 0, said so."""
+    checkpoints, log = tmp_path / "checkpoints", tmp_path / "log.jsonl"
+    status, output = mpi_jobs.act_mid_run(
+        MPIRUN + _train_args(reference / "store", checkpoints, log, "train.checkpoint_every=0",
+                             "train.deterministic=false", f"scheduler.mode={mode}"),
+        lambda: _iterations_logged(log) >= 30, "30 iterations", mpi_jobs.signal_rank(1, signal.SIGUSR1))
+    assert status == 0, output
+    last = max(_digests(log))
+    assert last < ITERATIONS - 1, output
+    assert (f"stopped by a signal on another worker after iteration {last}, without a checkpoint "
+            f"(mode {mode} is not checkpointed)") in output, output
+    assert not checkpoints.exists()

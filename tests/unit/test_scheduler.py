@@ -81,10 +81,11 @@ def test_cache_smaller_than_a_working_set_is_refused(criteo_like):
         Scheduler.from_config(_config(criteo_like, "cache.ratio=0.001"), cardinalities=store.cardinalities)
 
 
-def test_unimplemented_modes_and_settings_say_so(criteo_like):
+def test_unsupported_settings_say_so(criteo_like):
     store = BatchStore(criteo_like)
-    with pytest.raises(SchedulerError, match="fae is not implemented yet"):
-        Scheduler.from_config(_config(criteo_like, "scheduler.mode=fae"), cardinalities=store.cardinalities)
+    with pytest.raises(SchedulerError, match="use data.test_fraction > 0"):
+        Scheduler.from_config(_config(criteo_like, "scheduler.mode=fae", "data.test_fraction=0"),
+                              cardinalities=store.cardinalities)
     with pytest.raises(SchedulerError, match="staleness=2 applies to mode het"):
         Scheduler.from_config(_config(criteo_like, "scheduler.staleness=2"), cardinalities=store.cardinalities)
     for setting in ("train.checkpoint_every=10", "train.eval_every=10", "train.deterministic=true"):
@@ -93,7 +94,7 @@ def test_unimplemented_modes_and_settings_say_so(criteo_like):
                                   cardinalities=store.cardinalities)
 
 
-def test_every_mode_is_one_policy_and_the_built_ones_schedule(criteo_like):
+def test_every_mode_is_one_policy_and_schedules(criteo_like):
     """Allocation and synchronization per mode (docs/design.md section 7); one loop runs them all."""
     from hybrid.modes import POLICIES, Allocation, Sync
 
@@ -104,9 +105,9 @@ def test_every_mode_is_one_policy_and_the_built_ones_schedule(criteo_like):
         "het": (Allocation.contiguous, Sync.het_clocks), "fae": (Allocation.hot_cold, Sync.fae_replicas)}
     store = BatchStore(criteo_like)
     for mode, policy in POLICIES.items():
-        if policy.built:
-            scheduler = Scheduler.from_config(_config(criteo_like), cardinalities=store.cardinalities, mode=mode)
-            assert scheduler.state.full_set == (policy.sync is Sync.full_set)
+        scheduler = Scheduler.from_config(_config(criteo_like), cardinalities=store.cardinalities, mode=mode)
+        assert scheduler.state.full_set == (policy.sync in (Sync.full_set, Sync.fae_replicas))
+        assert (scheduler.state.staleness >= 0) == (policy.sync is Sync.het_clocks)
 
 
 def test_herald_cuts_transmissions_on_data_with_locality(criteo_like):
