@@ -11,16 +11,22 @@ worker's distinct rows, its samples, its events; never the cache or a table.
 Stages of iteration ``t`` (each a ``torch.profiler.record_function`` range,
 and the time breakdown of the summary):
 
-- ``pull``: in P2P mode, send the rows other workers need from this cache
-  and receive theirs (``hybrid.p2p_transport``); write back evicted dirty
+- ``pull``: in FAE mode, first the synchronization of the hot rows' replica
+  that the plan asks for (``hybrid.hot_replicas``); in P2P mode, send the
+  rows other workers need from this cache and receive theirs
+  (``hybrid.p2p_transport``); in HET mode, read the versions of the cached
+  rows needed (``hybrid.stale_cache``); write back evicted dirty
   rows and read the rows ``t`` needs that the previous iteration wrote (one
   flush); place the received rows and those prefetched during ``t - 1``;
   start reading ``t + 1``'s prefetchable rows;
 - ``compute``: forward/backward of the worker's samples;
-- ``allreduce``: the MLP gradients, summed over the workers;
+- ``allreduce``: the MLP gradients, summed over the workers (and in FAE's
+  hot iterations the gradients of the batch's hot rows);
 - ``push``: local SGD, then start Accumulate/Put of shared, full-set and
-  plan-pushed rows; ``data`` and ``schedule_wait``: the next plan and batch
-  arrive while those writes are in flight; then complete them (one flush);
+  plan-pushed rows (HET: its pushes of unpushed updates; FAE's hot
+  iterations: SGD on the replica with the summed gradients); ``data`` and
+  ``schedule_wait``: the next plan and batch arrive while those writes are
+  in flight; then complete them (one flush);
 - ``barrier``: the workers' barrier that ends ``t``.
 
 Ordering: what makes BSP exact with the overlap (docs/design.md, section 11).
@@ -149,11 +155,13 @@ class HybridTrainer:
         self.peers = None  # workers in P2P mode: their own communicator for rows sent cache to cache
         self.stale = None  # workers in HET mode: the unpushed updates beside the cache
         self.hot = None  # workers in FAE mode: the replica of the hot rows
+        self.heldout = None  # workers in FAE mode: the test split, whose first samples set the strip lengths
         if roles.is_ps:
             self.startup_seconds = time.perf_counter() - start
             return
         if sync is Sync.fae_replicas:
             self.hot = self._hot_replicas(dim)
+            self.heldout = BatchStore(store.path, split="test", test_fraction=config.data.test_fraction)
             self.scheduler = FaeScheduler.from_config(config, cardinalities=store.cardinalities,
                                                       hot_rows=self.hot.rows, worker=roles.worker)
         else:
@@ -232,7 +240,6 @@ class HybridTrainer:
         first = self.run.start_step
         if self.hot is not None:
             batches = self.hot.batches(self.data, self.config)
-            self.heldout = BatchStore(self.data.path, split="test", test_fraction=self.config.data.test_fraction)
         else:
             batches = self.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
                                         seed=self.config.data.shuffle_seed, start_batch=first)
@@ -422,7 +429,7 @@ class HybridTrainer:
         """
         work, (dense, labels, index) = ready.plan.work, ready.inputs
         with stages("pull"):
-            if ready.plan.fae is not None and self.hot is not None:
+            if ready.plan.fae is not None:  # FAE: replica written, loss measured, replica read, as the plan says
                 self.hot.before(ready.plan.fae, self._heldout_loss)
             exchange = p2p_transport.start(self.peers, self.cache, work.p2p_out, work.p2p_in) \
                 if self.peers is not None else None  # before anything of this iteration lands in the cache
