@@ -70,6 +70,15 @@ class FaeScheduler:
         return cls(Scheduler.from_config(config, cardinalities=cardinalities, mode=Mode.fae, worker=worker),
                    hot_rows)
 
+    @property
+    def snapshot_worker(self) -> Optional[int]:
+        """Debug (``train.verify_cache``): the cold strips' plans carry this worker's view of the state."""
+        return self.cold.snapshot_worker
+
+    @snapshot_worker.setter
+    def snapshot_worker(self, worker: Optional[int]) -> None:
+        self.cold.snapshot_worker = worker
+
     def save_arrays(self) -> dict:
         raise SchedulerError("FAE runs are not checkpointed (docs/design.md section 7)")
 
