@@ -175,10 +175,13 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
     """LAIA scoring only the ``k`` tables of highest DoI.
 
     ``k`` is fixed (``score_tables``) or the largest that fits ``budget_ms``
-    at the measured scoring cost per table. A measured budget differs between
-    ranks, so a multi-rank run must agree on it (the runtime reduces it over
-    the workers) before it feeds it in with :meth:`set_budget`. The choice is
-    revised every ``profile_every`` batches, from the batches seen so far.
+    at the measured scoring cost per table. The scheduler alone (the
+    simulator) measures as it goes. Ranks measure different costs, so
+    training fixes ``k`` before the first batch: every worker times scoring
+    with :meth:`measure_cost_ms`, they agree on the slowest, and
+    :meth:`fix_table_count` keeps the count that fits it (``hybrid.trainer``).
+    Which tables are scored is revised every ``profile_every`` batches, from
+    the batches seen so far; it depends on the state only.
     """
 
     def __init__(self, state, seed: int, cardinalities, *, score_tables: int = 0, budget_ms: float = 0.0,
@@ -210,7 +213,7 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
         tables = np.full(0, -1, np.int32) if self.tables is None else self.tables
         return {"counts": self.profiler.counts.copy(), "iterations": np.int64(self.profiler.iterations),
                 "tables": tables, "has_tables": np.bool_(self.tables is not None), "doi": self.doi.copy(),
-                "cost_per_table_ms": np.float64(self.cost_per_table_ms)}
+                "cost_per_table_ms": np.float64(self.cost_per_table_ms), "score_tables": np.int64(self.score_tables)}
 
     def load_arrays(self, arrays: dict) -> None:
         counts = np.asarray(arrays["counts"])
@@ -225,9 +228,27 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
         self.tables = tables if bool(arrays["has_tables"]) else None
         self.doi = np.asarray(arrays["doi"], dtype=np.float64).copy()
         self.cost_per_table_ms = float(arrays["cost_per_table_ms"])
+        if "score_tables" in arrays:  # the count the run agreed on (older checkpoints: measured again)
+            self.score_tables = int(arrays["score_tables"])
 
-    def set_budget(self, budget_ms: float) -> None:
-        self.budget_ms = budget_ms
+    def measure_cost_ms(self, rows: np.ndarray, repeats: int = 5) -> float:
+        """Milliseconds per table to score ``rows`` on this rank: the median of ``repeats`` timings of every table.
+
+        Reads the state only (no access is counted), so it changes no plan.
+        """
+        chosen, self.tables = self.tables, None
+        costs = []
+        for _ in range(repeats):
+            LaiaAllocation.allocate(self, rows, 0)
+            costs.append(1000 * self.timing["scoring"] / self.n_tables)
+        self.tables = chosen
+        return float(np.median(costs))
+
+    def fix_table_count(self, cost_per_table_ms: float) -> int:
+        """Score, from now on, the tables ``budget_ms`` affords at ``cost_per_table_ms`` (agreed by every rank)."""
+        self.cost_per_table_ms = cost_per_table_ms
+        self.score_tables = self.table_count()
+        return self.score_tables
 
     def table_count(self) -> int:
         if self.score_tables:

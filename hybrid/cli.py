@@ -202,6 +202,11 @@ def cmd_fae(args) -> int:
     return 0
 
 
+def _text_out(args):
+    """Where a command's human-readable lines go: stderr under ``--json``, whose stdout is the JSON alone."""
+    return sys.stderr if getattr(args, "json", False) else sys.stdout
+
+
 def cmd_simulate(args) -> int:
     from hybrid.bench import case_overrides
     from hybrid.config import Mode
@@ -228,18 +233,19 @@ def cmd_simulate(args) -> int:
         results = {label: simulate_mode(case_config, store, mode, args.iterations, bar.update)
                    for label, (mode, case_config) in cases.items()}
     baseline = results.get("vanilla")
+    out = _text_out(args)
     print(f"{config.name}: {config.cluster.workers} workers, batch {config.train.batch_per_worker}/worker, "
           f"cache {config.cache.ratio:.0%} of rows, {next(iter(results.values())).iterations} counted iterations "
-          f"(after {config.scheduler.warmup_iterations} warm-up)")
+          f"(after {config.scheduler.warmup_iterations} warm-up)", file=out)
     width = max(9, *(len(label) + 1 for label in results))
     print(f"{'mode':<{width}}{'pulls':>11}{'pushes':>11}{'p2p':>8}{'total':>11}{'-pull':>8}{'-push':>8}{'-total':>8}"
-          f"{'hit':>7}{'sched ms':>10}{'checks':>11}{'allreduced':>11}")
+          f"{'hit':>7}{'sched ms':>10}{'checks':>11}{'allreduced':>11}", file=out)
     for label, counts in results.items():
         cut = reduction(counts, baseline) if baseline else None
         cuts = "".join(f"{cut[k]:>8.1%}" for k in ("pulls", "pushes", "transmissions")) if cut else " " * 24
         print(f"{label:<{width}}{counts.pulls:>11}{counts.pushes:>11}{counts.p2p:>8}{counts.transmissions:>11}"
               f"{cuts}{counts.hit_rate:>7.1%}{counts.sched_ms:>10.3f}{counts.version_checks:>11}"
-              f"{counts.allreduced:>11}")
+              f"{counts.allreduced:>11}", file=out)
     if args.json:
         print(json.dumps({label: counts.summary() for label, counts in results.items()}))
     return 0
@@ -267,7 +273,7 @@ def cmd_bench_e2e(args) -> int:
 
     shape = LinkShape(args.bandwidth, args.latency_ms)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    table_out = sys.stderr if args.json else sys.stdout
+    table_out = _text_out(args)
     try:
         if args.ps:
             rows = e2e_bench.run_ps(shape=shape, dims=args.dims, say=say)
@@ -308,7 +314,7 @@ def cmd_bench(args) -> int:
                                  modes=tuple(args.modes.split(",")), iterations=args.iterations or 200,
                                  repeats=args.repeats, full_rows=args.full_rows, overrides=args.overrides,
                                  progress=lambda line: print(line, file=sys.stderr, flush=True))
-        print(train_bench.format_table(result))
+        print(train_bench.format_table(result), file=_text_out(args))
         if args.json:
             print(json.dumps(result))
         return 0
@@ -317,10 +323,11 @@ def cmd_bench(args) -> int:
     if args.name == "scheduler":
         from hybrid.bench import scheduler_bench as bench
 
-        print(bench.HEADER, flush=True)
+        out = _text_out(args)
+        print(bench.HEADER, file=out, flush=True)
         rows = bench.run(workers=args.workers, threads=args.threads, batch_per_worker=args.batch_per_worker,
                          laia=tuple(args.laia.split(",")), iterations=args.iterations, scale=args.scale,
-                         progress=lambda line: print(line, flush=True))
+                         progress=lambda line: print(line, file=out, flush=True))
         if args.json:
             print(json.dumps([row.to_dict() for row in rows]))
         return 0
@@ -329,11 +336,12 @@ def cmd_bench(args) -> int:
 
         workers = args.workers[0] if args.workers != (8, 16, 64, 128) else 4
         result = quality_bench.run(workers=workers, iterations=args.iterations)
+        out = _text_out(args)
         print(f"{result['iterations']} batches of {workers} samples ({result['rows']} rows, "
-              f"{result['capacity']} cache slots): brute force / policy transmissions")
+              f"{result['capacity']} cache slots): brute force / policy transmissions", file=out)
         for name in ("laia", "random"):
             r = result[name]
-            print(f"  {name:<7} {r['brute_force']:>8} / {r['transmissions']:>8} = {r['quality']:.3f}")
+            print(f"  {name:<7} {r['brute_force']:>8} / {r['transmissions']:>8} = {r['quality']:.3f}", file=out)
         if args.json:
             print(json.dumps(result))
         return 0
@@ -341,7 +349,7 @@ def cmd_bench(args) -> int:
 
     results = ps_bench.run(dims=args.dims, rows_per_op=args.rows_per_op, transports=tuple(args.transports.split(",")))
     if results is not None:
-        print(ps_bench.format_rows(results))
+        print(ps_bench.format_rows(results), file=_text_out(args))
         if args.json:
             print(json.dumps(results))
     return 0
@@ -462,7 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="override cluster.workers")
     p.add_argument("--iterations", type=int, default=0, help="global batches to run (0 = the whole train split)")
     p.add_argument("--cache-ratio", type=float, help="override cache.ratio")
-    p.add_argument("--json", action="store_true", help="print one JSON object per mode as the last line")
+    p.add_argument("--json", action="store_true",
+                   help="print only JSON on stdout (one object per mode; the table goes to stderr)")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     p.set_defaults(func=cmd_simulate)
 
@@ -492,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ps", action="store_true", help="e2e: the store micro-benchmark across two emulated hosts")
     p.add_argument("--out", default="results", help="e2e: where the JSON and PNG go (default: %(default)s)")
     p.add_argument("--json", action="store_true",
-                   help="print the result as JSON on stdout as the last line (e2e: the only line on stdout)")
+                   help="print only the result as JSON on stdout (the tables and progress go to stderr)")
     p.add_argument("overrides", nargs="*", help="train, e2e: config overrides key=value")
     p.set_defaults(func=cmd_bench)
 

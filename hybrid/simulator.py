@@ -91,12 +91,17 @@ def simulate_mode(config: Config, store: BatchStore, mode: Mode, iterations: int
                                                     seed=config.data.shuffle_seed))
     if iterations:
         batches = itertools.islice(batches, iterations)
-    counts = ModeCounts()
+    counts, seen = ModeCounts(), 0
     for plan in scheduler.plans(batches):
+        seen += 1
         if plan.step >= config.scheduler.warmup_iterations:
             counts.add(plan)
         if progress is not None:
             progress(1)
+    if not counts.iterations:
+        raise ValueError(f"nothing to count for mode {mode.value}: {seen} global batches of {config.global_batch} "
+                         f"samples, all within scheduler.warmup_iterations={config.scheduler.warmup_iterations}; "
+                         f"lower the warm-up or use more data (or fewer workers)")
     return counts
 
 

@@ -60,6 +60,7 @@ import torch
 
 from hybrid import checkpoint as ckpt
 from hybrid import p2p_transport
+from hybrid.allocation import AdaptiveLaiaAllocation
 from hybrid.comm import Roles, init_horovod
 from hybrid.config import Config, SyncMode
 from hybrid.data.store import BatchStore, GlobalBatch
@@ -156,6 +157,7 @@ class HybridTrainer:
         self.stale = None  # workers in HET mode: the unpushed updates beside the cache
         self.hot = None  # workers in FAE mode: the replica of the hot rows
         self.heldout = None  # workers in FAE mode: the test split, whose first samples set the strip lengths
+        self.scored_tables = None  # workers with adaptive LAIA under scheduler.budget_ms: the count agreed on
         if roles.is_ps:
             self.startup_seconds = time.perf_counter() - start
             return
@@ -166,6 +168,7 @@ class HybridTrainer:
                                                       hot_rows=self.hot.rows, worker=roles.worker)
         else:
             self.scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, worker=roles.worker)
+        self.scored_tables = self._agree_on_scored_tables()
         if config.train.verify_cache:
             self.scheduler.snapshot_worker = roles.worker
         self.cache = np.zeros((self.scheduler.state.capacity, dim), dtype=self.dtype)  # rows by slot
@@ -191,6 +194,23 @@ class HybridTrainer:
             self.optimizer.load_state_dict(dense["optimizer"])
             self.resume_arrays = ckpt.read_arrays(resume.file("scheduler.npz"))
         self.startup_seconds = time.perf_counter() - start
+
+    def _agree_on_scored_tables(self) -> Optional[int]:
+        """Adaptive LAIA with ``scheduler.budget_ms``: how many tables every worker scores.
+
+        The count follows the measured cost of scoring, which differs between
+        ranks; derived on each rank from its own clock, the plans would
+        diverge. Every worker times scoring on the first global batch, and the
+        slowest rank's cost fixes the count for the run (a resumed run keeps
+        the one it saved). None when the count is not measured.
+        """
+        policy = self.scheduler.policy if isinstance(self.scheduler, Scheduler) else None
+        if not isinstance(policy, AdaptiveLaiaAllocation) or policy.score_tables or policy.budget_ms <= 0:
+            return None
+        first = next(self.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
+                                       seed=self.config.data.shuffle_seed))
+        mine = policy.measure_cost_ms(self.scheduler.global_rows(first.sparse))
+        return policy.fix_table_count(max(self.roles.workers.allgather(mine)))
 
     def _hot_replicas(self, dim: int) -> HotReplicas:
         """FAE: the calibration (worker 0 makes and stores it, the others then read it) and the replica."""

@@ -184,3 +184,26 @@ def test_a_train_split_smaller_than_one_global_batch_is_an_error(store_path):
     with pytest.raises(ValueError, match="fewer than one global batch") as info:
         train_job.run(_config(store_path, "train.batch_per_worker=100000"), progress=False)
     assert len(set(world.allgather(str(info.value)))) == 1
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+def test_adaptive_laia_under_a_budget_scores_the_tables_every_worker_agreed_on(store_path, monkeypatch):
+    """Each rank measures another cost of scoring; the slowest decides, so the plans stay equal."""
+    from hybrid.allocation import AdaptiveLaiaAllocation
+
+    world = MPI.COMM_WORLD
+    monkeypatch.setattr(AdaptiveLaiaAllocation, "measure_cost_ms", lambda self, rows, repeats=5: 0.1 * (world.rank + 1))
+    config = _config(store_path, "scheduler.mode=herald", "scheduler.laia=adaptive", "scheduler.budget_ms=0.55")
+    store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
+    roles = split_roles(config.cluster.workers, config.cluster.ps)
+    trainer = HybridTrainer(config, roles, store)
+    scored = trainer.scored_tables
+    log = trainer.train(30)
+    trainer.close()
+    everyone = world.allgather(None if roles.is_ps else (scored, [r["digest"] for r in log]))
+    roles.free()
+    workers = [x for x in everyone if x is not None]
+    slowest = 0.1 * config.cluster.workers  # workers are the first ranks
+    assert all(x == workers[0] for x in workers)
+    assert workers[0][0] == int(0.55 // slowest) < 26

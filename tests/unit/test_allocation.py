@@ -192,6 +192,22 @@ def test_adaptive_laia_with_all_tables_is_laia():
         state.train()
 
 
+def test_a_budget_agreed_on_fixes_the_table_count_and_a_resume_keeps_it():
+    """Training fixes k from the slowest rank's measured cost; measuring changes nothing the plans read."""
+    state = ClusterState(n_workers=3, n_rows=40, capacity=40, full_set=False, max_pairs=48)
+    rows = (np.random.default_rng(1).integers(0, 10, size=(12, 4)) + [0, 10, 20, 30]).astype(np.int64)
+    adaptive = AdaptiveLaiaAllocation(state, 5, [10, 10, 10, 10], budget_ms=1.0)
+    before = adaptive.save_arrays()
+    assert adaptive.measure_cost_ms(rows) > 0
+    assert np.array_equal(adaptive.save_arrays()["counts"], before["counts"]), "measuring counted accesses"
+    assert adaptive.fix_table_count(0.3) == 3  # 1.0 ms // 0.3 ms per table
+    adaptive.allocate(rows, 0)  # its own clock no longer changes the count
+    assert adaptive.table_count() == 3
+    resumed = AdaptiveLaiaAllocation(state, 5, [10, 10, 10, 10], budget_ms=1.0)
+    resumed.load_arrays(adaptive.save_arrays())
+    assert resumed.table_count() == 3
+
+
 def test_contiguous_allocation_gives_consecutive_shards():
     alloc = ContiguousAllocation(3).allocate(np.zeros((10, 2), dtype=np.int64), 0)
     assert alloc.tolist() == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]

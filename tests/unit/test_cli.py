@@ -108,3 +108,30 @@ def test_the_cli_and_the_scheduler_do_not_start_mpi_on_import():
             "hybrid.fae_calibration, hybrid.summary_text; assert 'mpi4py.MPI' not in sys.modules, 'mpi4py.MPI was imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _simulation_config(tmp_path, rows):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data:\n  path: {tmp_path / 'store'}\n  synthetic: {{like: criteo-kaggle, rows: {rows}, "
+                      f"scale: 0.001}}\ncluster: {{workers: 2}}\ntrain: {{batch_per_worker: 16}}\n"
+                      f"fae: {{budget_mb: 0.1, small_table_kb: 0}}\n")
+    assert main(["synth", "--config", str(config)]) == 0
+    return config
+
+
+def test_simulate_json_is_the_only_output_on_stdout_and_counts_every_mode(tmp_path, capsys):
+    config = _simulation_config(tmp_path, 3000)
+    capsys.readouterr()
+    assert main(["simulate", "--config", str(config), "--json", "--modes",
+                 "vanilla,herald,herald+scheduler.sync=p2p,het+scheduler.staleness=10,fae"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)  # nothing but the JSON
+    assert set(result) == {"vanilla", "herald", "herald+scheduler.sync=p2p", "het+scheduler.staleness=10", "fae"}
+    assert result["het+scheduler.staleness=10"]["version_checks"] > 0 and result["fae"]["allreduced"] > 0
+    assert "pulls" in err  # the table went to stderr
+
+
+def test_a_simulation_within_the_warm_up_says_so(tmp_path, capsys):
+    config = _simulation_config(tmp_path, 200)  # 180 training samples: 5 global batches of 32
+    assert main(["simulate", "--config", str(config)]) == 1
+    assert "all within scheduler.warmup_iterations=10" in capsys.readouterr().err

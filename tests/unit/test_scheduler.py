@@ -120,18 +120,19 @@ def test_herald_cuts_transmissions_on_data_with_locality(criteo_like):
     assert herald.hit_rate > vanilla.hit_rate
 
 
-def test_simulate_prints_json_last(criteo_like, capsys):
+def test_simulate_json_counts_each_case_and_the_table_goes_to_stderr(criteo_like, capsys):
     assert main(["simulate", "--config", "configs/w1-smoke.yaml", f"data.path={criteo_like}",
                  "--workers", "4", "--iterations", "30", "--modes", "vanilla,herald,herald+scheduler.sync=p2p",
                  "--json"]) == 0
-    out = capsys.readouterr().out.strip().splitlines()
-    result = json.loads(out[-1])
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    table = captured.err.strip().splitlines()
     assert list(result) == ["vanilla", "herald", "herald+scheduler.sync=p2p"]
     for counts in result.values():
         assert counts["transmissions"] == counts["pulls"] + counts["pushes"] + counts["p2p"]
         assert {"pulls", "pushes", "p2p", "transmissions", "hit_rate", "sched_ms"} <= set(counts)
     assert result["herald"]["p2p"] == 0 < result["herald+scheduler.sync=p2p"]["p2p"]
-    assert out[-2].startswith("herald+scheduler.sync=p2p") and out[-3].startswith("herald ")
+    assert table[-1].startswith("herald+scheduler.sync=p2p") and table[-2].startswith("herald ")
 
 
 def test_simulate_rejects_unknown_modes(criteo_like, capsys):
