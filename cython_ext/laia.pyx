@@ -61,12 +61,18 @@ def score(*, const uint64_t[::1] holders, int words, int n_workers, const int64_
 
 cdef void allocate_range(const int32_t[:, ::1] scores, int64_t first, int64_t last,
                          int64_t* remaining, uint64_t seed, uint64_t iteration,
-                         int32_t[::1] alloc) noexcept nogil:
-    """Algorithm 1 on samples [first, last) with per-worker ``remaining`` capacity."""
+                         int32_t[::1] alloc, const int64_t* order) noexcept nogil:
+    """Algorithm 1 on samples [first, last) with per-worker ``remaining`` capacity.
+
+    ``order`` (or NULL: as they come) gives the sample taken at each step; a
+    tie is broken by a hash of the sample, not of the step, so the choice
+    for a sample does not depend on where the order puts it.
+    """
     cdef Py_ssize_t n_workers = scores.shape[1]
-    cdef int64_t i, w, best, ties, pick
+    cdef int64_t i, j, w, best, ties, pick
     cdef uint64_t stream = iteration * <uint64_t>0x100000001B3ULL + TIE_STREAM
-    for i in range(first, last):
+    for j in range(first, last):
+        i = order[j] if order != NULL else j
         best = -1
         ties = 0
         for w in range(n_workers):
@@ -87,18 +93,28 @@ cdef void allocate_range(const int32_t[:, ::1] scores, int64_t first, int64_t la
 
 
 def allocate_exact(*, const int32_t[:, ::1] scores, const int64_t[::1] capacity, uint64_t seed,
-                   uint64_t iteration):
-    """Herald's Algorithm 1, sequential over samples. Returns int32 worker per sample."""
+                   uint64_t iteration, order=None):
+    """Herald's Algorithm 1, sequential over samples (in ``order``, a permutation, if given).
+
+    Returns int32 worker per sample.
+    """
     cdef Py_ssize_t n_samples = scores.shape[0], n_workers = scores.shape[1]
     if capacity.shape[0] != n_workers:
         raise ValueError(f"capacity: expected {n_workers} workers, got {capacity.shape[0]}")
     if np.asarray(capacity).sum() != n_samples:
         raise ValueError(f"capacities sum to {np.asarray(capacity).sum()}, expected {n_samples} samples")
+    cdef int64_t[::1] steps
+    cdef const int64_t* taken = NULL
+    if order is not None:
+        steps = np.ascontiguousarray(order, dtype=np.int64)
+        if steps.shape[0] != n_samples or not np.array_equal(np.sort(np.asarray(steps)), np.arange(n_samples)):
+            raise ValueError(f"order must be a permutation of the {n_samples} samples")
+        taken = &steps[0] if n_samples else NULL
     cdef int64_t[::1] remaining = np.array(capacity, dtype=np.int64)
     alloc = np.empty(n_samples, dtype=np.int32)
     cdef int32_t[::1] out = alloc
     with nogil:
-        allocate_range(scores, 0, n_samples, &remaining[0], seed, iteration, out)
+        allocate_range(scores, 0, n_samples, &remaining[0], seed, iteration, out, taken)
     return alloc
 
 
@@ -125,5 +141,5 @@ def allocate_chunked(*, const int32_t[:, ::1] scores, const int64_t[:, ::1] chun
     cdef Py_ssize_t c
     with nogil:
         for c in prange(n_chunks, num_threads=threads, schedule="dynamic"):
-            allocate_range(scores, chunk_start[c], chunk_start[c + 1], &remaining[c, 0], seed, iteration, out)
+            allocate_range(scores, chunk_start[c], chunk_start[c + 1], &remaining[c, 0], seed, iteration, out, NULL)
     return alloc

@@ -86,12 +86,16 @@ class LaiaAllocation(AllocationPolicy):
     ``chunks=None`` runs the paper's exact sequential Algorithm 1; an integer
     runs the chunked lock-free variant (deterministic for a chunk count,
     whatever ``threads``). ``tables`` restricts scoring to a subset of tables
-    (adaptive LAIA chooses it).
+    (adaptive LAIA chooses it). ``confident`` takes the samples by margin
+    (:func:`margin_order`) instead of in batch order.
     """
 
-    def __init__(self, state, seed: int, *, chunks: int | None = None, threads: int = 1):
+    def __init__(self, state, seed: int, *, chunks: int | None = None, threads: int = 1, confident: bool = False):
         super().__init__(state.n_workers)
+        if confident and chunks:
+            raise ValueError("the confident order allocates the whole batch in one order: it needs unchunked LAIA")
         self.state, self.seed, self.chunks, self.threads = state, seed, chunks, threads
+        self.confident = confident
         self.tables: np.ndarray | None = None
         self._scores = np.zeros((0, self.n_workers), dtype=np.int32)
         self._layouts: dict[int, tuple] = {}  # batch size -> (capacity, chunk starts, chunk capacities)
@@ -111,12 +115,25 @@ class LaiaAllocation(AllocationPolicy):
         capacity, starts, chunk_capacity = self._layouts[n]
         if self.chunks is None:
             alloc = laia.allocate_exact(scores=self._scores, capacity=capacity, seed=self.seed,
-                                        iteration=iteration)
+                                        iteration=iteration, order=margin_order(self._scores) if self.confident else None)
         else:
             alloc = laia.allocate_chunked(scores=self._scores, chunk_capacity=chunk_capacity, chunk_start=starts,
                                           seed=self.seed, iteration=iteration, threads=self.threads)
         self.timing = {"scoring": scored - start, "allocation": time.perf_counter() - scored}
         return alloc
+
+
+def margin_order(scores: np.ndarray) -> np.ndarray:
+    """Samples by the margin of their best worker over the second best, largest first (ties: batch order).
+
+    A sample whose rows one worker holds far more of than any other gains
+    the most from going there; taken first, it is not pushed elsewhere by a
+    worker that filled up with samples that any worker would have served.
+    """
+    if scores.shape[1] < 2:
+        return np.arange(len(scores), dtype=np.int64)
+    top = np.partition(scores, scores.shape[1] - 2, axis=1)[:, -2:]
+    return np.argsort(top[:, 0] - top[:, 1], kind="stable").astype(np.int64)  # second - best: most negative first
 
 
 def chunk_layout(n_samples: int, capacity: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray]:
@@ -185,8 +202,8 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
     """
 
     def __init__(self, state, seed: int, cardinalities, *, score_tables: int = 0, budget_ms: float = 0.0,
-                 profile_every: int = 10, chunks: int | None = None, threads: int = 1):
-        super().__init__(state, seed, chunks=chunks, threads=threads)
+                 profile_every: int = 10, chunks: int | None = None, threads: int = 1, confident: bool = False):
+        super().__init__(state, seed, chunks=chunks, threads=threads, confident=confident)
         self.profiler = TableProfiler(cardinalities)
         self.n_tables = len(cardinalities)
         self.score_tables, self.budget_ms, self.profile_every = score_tables, budget_ms, profile_every

@@ -54,6 +54,13 @@ class CachePolicy(str, enum.Enum):
     lfu = "lfu"
 
 
+class LaiaOrder(str, enum.Enum):
+    """The order LAIA takes samples in: ``arrival`` (the paper's) or ``confident`` (largest margin first)."""
+
+    arrival = "arrival"
+    confident = "confident"
+
+
 class LaiaVariant(str, enum.Enum):
     """``exact`` is the paper's Algorithm 1; ``chunked`` its lock-free parallel form."""
 
@@ -147,6 +154,7 @@ class CacheConfig:
 class SchedulerConfig:
     mode: Mode = Mode.herald
     laia: LaiaVariant = LaiaVariant.exact
+    order: LaiaOrder = LaiaOrder.arrival  # exact and adaptive LAIA: arrival (the paper's) or confident first
     sync: SyncMode = SyncMode.ps
     chunks: int = 8
     threads: int = 1

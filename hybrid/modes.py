@@ -24,7 +24,7 @@ from hybrid._ext.cluster_state import ClusterState
 from hybrid.allocation import (
     AdaptiveLaiaAllocation, AllocationPolicy, ContiguousAllocation, LaiaAllocation, RandomAllocation,
 )
-from hybrid.config import Config, LaiaVariant, Mode, SyncMode
+from hybrid.config import Config, LaiaOrder, LaiaVariant, Mode, SyncMode
 
 
 class SchedulerError(ValueError):
@@ -61,6 +61,9 @@ class ModePolicy:
         if config.scheduler.sync is SyncMode.p2p and self.sync is not Sync.on_demand:
             raise SchedulerError(f"scheduler.sync=p2p needs an on-demand mode (plan or herald), "
                                  f"not {self.mode.value}")
+        if config.scheduler.order is LaiaOrder.confident and config.scheduler.laia is LaiaVariant.chunked:
+            raise SchedulerError("scheduler.order=confident takes the whole batch in one order: use "
+                                 "scheduler.laia=exact or adaptive, not chunked")
         if self.sync in (Sync.het_clocks, Sync.fae_replicas):
             self._check_unsaved(config)
         if self.sync is Sync.fae_replicas and config.data.test_fraction <= 0:
@@ -95,11 +98,12 @@ class ModePolicy:
         if self.allocation is Allocation.contiguous:
             return ContiguousAllocation(config.cluster.workers)
         sched = config.scheduler
+        confident = sched.order is LaiaOrder.confident
         if sched.laia is LaiaVariant.adaptive:
             return AdaptiveLaiaAllocation(state, config.seed, cardinalities, score_tables=sched.score_tables,
-                                          budget_ms=sched.budget_ms, threads=sched.threads)
+                                          budget_ms=sched.budget_ms, threads=sched.threads, confident=confident)
         chunks = sched.chunks if sched.laia is LaiaVariant.chunked else None
-        return LaiaAllocation(state, config.seed, chunks=chunks, threads=sched.threads)
+        return LaiaAllocation(state, config.seed, chunks=chunks, threads=sched.threads, confident=confident)
 
 
 POLICIES = {

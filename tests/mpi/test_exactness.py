@@ -9,6 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import distributed_run
+from hybrid.bench import case_overrides
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
 from shared_store import shared_store
@@ -46,7 +47,7 @@ def test_bsp_modes_equal_the_single_process_reference(store_path, mode, model, n
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["vanilla", "herald", "het"])
+@pytest.mark.parametrize("mode", ["vanilla", "herald", "herald+scheduler.order=confident", "het"])
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
 @pytest.mark.parametrize("transport", ["rma", "packed"])
 def test_exact_under_heavy_cache_churn(store_path, mode, overlap, transport):
@@ -54,7 +55,7 @@ def test_exact_under_heavy_cache_churn(store_path, mode, overlap, transport):
     world = MPI.COMM_WORLD
     iterations = 40
     config = load_config(None, [f"data.path={store_path}", f"cluster.workers={world.size - 1}", "cluster.ps=1",
-                                "train.batch_per_worker=8", "cache.ratio=0.0061", f"scheduler.mode={mode}",
+                                "train.batch_per_worker=8", "cache.ratio=0.0061", *case_overrides(mode),
                                 "model.name=dlrm", "model.precision=float64", "model.embedding_dim=4",
                                 "model.bottom_mlp=[8]", "model.top_mlp=[8]", "train.embedding_lr=0.1",
                                 "train.dense_lr=0.05", "seed=3", f"train.overlap={overlap}",
@@ -70,7 +71,7 @@ def test_exact_under_heavy_cache_churn(store_path, mode, overlap, transport):
             assert 0.2 * pulls < prefetched < pulls, "overlap must read a real share of the rows ahead"
         else:
             assert prefetched == 0
-        if mode == "herald":
+        if mode.startswith("herald"):
             assert sum(r["counts"]["writeback"] for r in run.log) > 100
 
 

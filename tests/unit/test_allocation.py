@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from hybrid._ext import laia
 from hybrid._ext.cluster_state import ClusterState
 from hybrid.allocation import (AdaptiveLaiaAllocation, ContiguousAllocation, LaiaAllocation, RandomAllocation,
-                               TableProfiler, capacities, chunk_layout, interleaved_slots)
+                               TableProfiler, capacities, chunk_layout, interleaved_slots, margin_order)
 from hybrid.brute_force import best_allocation, iteration_cost, scheduling_quality
 from hybrid.counter_hash import hash3
 
@@ -206,6 +206,50 @@ def test_a_budget_agreed_on_fixes_the_table_count_and_a_resume_keeps_it():
     resumed = AdaptiveLaiaAllocation(state, 5, [10, 10, 10, 10], budget_ms=1.0)
     resumed.load_arrays(adaptive.save_arrays())
     assert resumed.table_count() == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 40), st.integers(0, 2**32 - 1), st.data())
+def test_the_confident_order_takes_the_largest_margins_first_and_respects_capacity(n_workers, n, seed, data):
+    scores = np.array(data.draw(st.lists(st.lists(st.integers(0, 5), min_size=n_workers, max_size=n_workers),
+                                         min_size=n, max_size=n)), dtype=np.int32).reshape(n, n_workers)
+    order = margin_order(scores)
+    assert sorted(order.tolist()) == list(range(n))
+    if n_workers > 1:
+        top = np.sort(scores, axis=1)
+        margins = (top[:, -1] - top[:, -2])[order]
+        assert (np.diff(margins) <= 0).all()
+    capacity = capacities(n, n_workers)
+    alloc = laia.allocate_exact(scores=scores, capacity=capacity, seed=seed, iteration=3, order=order)
+    assert np.bincount(alloc, minlength=n_workers).tolist() == capacity.tolist()  # each sample once, capacity kept
+    again = laia.allocate_exact(scores=scores, capacity=capacity, seed=seed, iteration=3, order=order)
+    assert np.array_equal(alloc, again)
+
+
+def test_when_capacity_allows_every_order_gives_each_sample_a_best_worker():
+    scores = np.array([[3, 0], [0, 2], [1, 1], [2, 2]], dtype=np.int32)
+    capacity = np.array([2, 2], dtype=np.int64)  # the two tied samples fit wherever the others go
+    for order in (None, margin_order(scores)):
+        alloc = laia.allocate_exact(scores=scores, capacity=capacity, seed=1, iteration=0, order=order)
+        assert all(scores[i, alloc[i]] == scores[i].max() for i in range(4))
+    with pytest.raises(ValueError, match="permutation"):
+        laia.allocate_exact(scores=scores, capacity=capacity, seed=1, iteration=0, order=[0, 0, 1, 2])
+
+
+def test_the_confident_order_allocates_alike_on_any_thread_count():
+    allocations = []
+    for threads in (1, 2):
+        state = ClusterState(n_workers=4, n_rows=60, capacity=20, full_set=False, max_pairs=48)
+        policy = LaiaAllocation(state, 9, threads=threads, confident=True)
+        run = []
+        for t in range(20):
+            rows = (np.random.default_rng(t).integers(0, 20, size=(16, 3)) + [0, 20, 40]).astype(np.int64)
+            alloc = policy.allocate(rows, t)
+            state.plan(rows, alloc)
+            state.train()
+            run.append(alloc)
+        allocations.append(np.stack(run))
+    assert np.array_equal(*allocations)
 
 
 def test_contiguous_allocation_gives_consecutive_shards():
