@@ -339,9 +339,9 @@ def cmd_bench(args) -> int:
         out = _text_out(args)
         print(f"{result['iterations']} batches of {workers} samples ({result['rows']} rows, "
               f"{result['capacity']} cache slots): brute force / policy transmissions", file=out)
-        for name in ("laia", "random"):
+        for name in quality_bench.POLICIES:
             r = result[name]
-            print(f"  {name:<7} {r['brute_force']:>8} / {r['transmissions']:>8} = {r['quality']:.3f}", file=out)
+            print(f"  {name:<15} {r['brute_force']:>8} / {r['transmissions']:>8} = {r['quality']:.3f}", file=out)
         if args.json:
             print(json.dumps(result))
         return 0

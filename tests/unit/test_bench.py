@@ -20,7 +20,7 @@ def test_scheduler_bench_reports_every_stage(capsys):
 
 def test_quality_is_brute_force_over_policy_transmissions():
     result = quality_bench.run(workers=3, iterations=12)
-    for name in ("laia", "random"):
+    for name in ("laia", "laia-confident", "random"):
         r = result[name]
         assert 0 < r["brute_force"] <= r["transmissions"]
         assert r["quality"] == round(r["brute_force"] / r["transmissions"], 4)
