@@ -928,6 +928,21 @@ cdef class ClusterState:
         return (workers_array.astype(np.int32), rows_array.astype(np.int64), slots_array.astype(np.int32),
                 counts_array)
 
+    def seen_everything(self, int w):
+        """HET: (rows, slots) of ``w``'s cached rows that have seen every update the PS holds and hold none
+        it lacks: their cached values must equal the PS's (a check, not per iteration: it scans the cache)."""
+        if self.staleness < 0:
+            raise StateError("seen_everything() is HET's")
+        if w < 0 or w >= self.n_workers:
+            raise ValueError(f"worker must be in [0, {self.n_workers}), got {w}")
+        base = w * self.capacity
+        rows = np.asarray(self.slot_row[base:base + self.used[w]]).astype(np.int64)
+        seen = np.asarray(self.slot_seen[base:base + self.used[w]])
+        pending = np.asarray(self.slot_pending[base:base + self.used[w]])
+        slots = np.flatnonzero((rows >= 0) & (pending == 0))
+        slots = slots[np.asarray(self.version)[rows[slots]] == seen[slots]]
+        return rows[slots], slots.astype(np.int32)
+
     def versions(self):
         """HET: the PS version (updates pushed) of every row, a copy."""
         return np.asarray(self.version).copy()

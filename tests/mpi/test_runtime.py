@@ -207,3 +207,32 @@ def test_adaptive_laia_under_a_budget_scores_the_tables_every_worker_agreed_on(s
     slowest = 0.1 * config.cluster.workers  # workers are the first ranks
     assert all(x == workers[0] for x in workers)
     assert workers[0][0] == int(0.55 // slowest) < 26
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("transport", ["rma", "packed"])
+def test_het_copies_that_have_seen_every_update_equal_the_ps(store_path, transport):
+    """With staleness, a refetched row keeps its own unpushed updates: after the final push, every cached copy
+    whose clock has seen all of the PS's updates must hold the PS's value (to float64 rounding: the cache adds
+    the updates one by one, the PS their sum)."""
+    config = _config(store_path, "scheduler.mode=het", "scheduler.staleness=3", "cache.ratio=0.015",
+                     "model.precision=float64", f"cluster.transport={transport}")
+    store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
+    roles = split_roles(config.cluster.workers, config.cluster.ps)
+    trainer = HybridTrainer(config, roles, store)
+    log = trainer.train(40)
+    trainer.flush()
+    checked, differing, version_checks = 0, 0, 0
+    if not roles.is_ps:
+        rows, slots = trainer.scheduler.state.seen_everything(roles.worker)
+        at_ps = np.empty((len(rows), config.model.embedding_dim))
+        trainer.table.pull(rows, at_ps).wait()
+        checked = len(rows)
+        differing = int((np.abs(at_ps - trainer.cache[slots]) > 1e-9).any(axis=1).sum())
+        version_checks = sum(r["counts"]["version_check"] for r in log)
+    trainer.close()
+    totals = MPI.COMM_WORLD.allreduce(np.array([checked, differing, version_checks]))
+    roles.free()
+    assert totals[0] > 100 and totals[2] > 0, totals
+    assert totals[1] == 0, f"{totals[1]} of {totals[0]} cached copies differ from the PS"
