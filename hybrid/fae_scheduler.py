@@ -58,7 +58,7 @@ class FaeScheduler:
     takes_batches = True  # the plan producer hands it whole batches, not their ids
 
     def __init__(self, cold: Scheduler, hot_rows: np.ndarray):
-        self.cold, self.state, self.mode = cold, cold.state, cold.mode
+        self.cold, self.state = cold, cold.state
         self.hot_rows = np.ascontiguousarray(hot_rows, dtype=np.int64)
         if len(self.hot_rows) and (np.diff(self.hot_rows) <= 0).any():
             raise ValueError("hot_rows must be sorted and distinct")
