@@ -1155,6 +1155,23 @@ cdef class ClusterState:
         """Events of the last train()/plan() call by kind name."""
         return dict(zip(KIND_NAMES, (int(x) for x in self.kind_total)))
 
+    def worker_transmissions(self):
+        """Transmissions of the last train()/plan() call per worker: its pulls, pushes and received P2P rows.
+
+        The slowest worker sets an iteration's pace, so the busiest worker's
+        count is what a balanced allocation lowers (the simulator sums it).
+        """
+        out = np.zeros(self.n_workers, dtype=np.int64)
+        cdef int64_t[::1] per = out
+        cdef int64_t k
+        cdef int32_t kind
+        with nogil:
+            for k in range(self.n_events):
+                kind = self.ev_kind[k]
+                if kind != K_LOCAL and kind != K_VERSION_CHECK:
+                    per[self.ev_worker[k]] += 1
+        return out
+
     def events(self):
         """Events of the last call as arrays kind, worker, row, slot (in execution order)."""
         n = self.n_events

@@ -15,15 +15,19 @@ depends on the chunk count but never on the thread count.
 """
 import numpy as np
 from cython.parallel cimport prange
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 from counter_hash cimport hash3
 
 cdef extern from *:
     int ctz64 "__builtin_ctzll"(unsigned long long) nogil
+    int popcount64 "__builtin_popcountll"(unsigned long long) nogil
     void prefetch "__builtin_prefetch"(const void*) nogil
 
 cdef enum:
     TIE_STREAM = 0x7A1E
+    COMMON = 2
+    SWAP_TRIES = 4
+    SWAP_ROOM = 8        # (row, worker) slots per batch entry when swapping: greedy fills at most 1/8
 
 
 def score(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
@@ -92,6 +96,21 @@ cdef void allocate_range(const int32_t[:, ::1] scores, int64_t first, int64_t la
                 pick -= 1
 
 
+def checked_order(capacity, Py_ssize_t n_samples, Py_ssize_t n_workers, order):
+    """Check that ``capacity`` gives ``n_workers`` room for exactly the samples, and ``order`` (or None)
+    is a permutation of them; returns the order as a contiguous int64 array (empty for None: as they come)."""
+    if capacity.shape[0] != n_workers:
+        raise ValueError(f"capacity: expected {n_workers} workers, got {capacity.shape[0]}")
+    if np.asarray(capacity).sum() != n_samples:
+        raise ValueError(f"capacities sum to {np.asarray(capacity).sum()}, expected {n_samples} samples")
+    if order is None:
+        return np.zeros(0, dtype=np.int64)
+    steps = np.ascontiguousarray(order, dtype=np.int64)
+    if steps.shape[0] != n_samples or not np.array_equal(np.sort(steps), np.arange(n_samples)):
+        raise ValueError(f"order must be a permutation of the {n_samples} samples")
+    return steps
+
+
 def allocate_exact(*, const int32_t[:, ::1] scores, const int64_t[::1] capacity, uint64_t seed,
                    uint64_t iteration, order=None):
     """Herald's Algorithm 1, sequential over samples (in ``order``, a permutation, if given).
@@ -99,17 +118,8 @@ def allocate_exact(*, const int32_t[:, ::1] scores, const int64_t[::1] capacity,
     Returns int32 worker per sample.
     """
     cdef Py_ssize_t n_samples = scores.shape[0], n_workers = scores.shape[1]
-    if capacity.shape[0] != n_workers:
-        raise ValueError(f"capacity: expected {n_workers} workers, got {capacity.shape[0]}")
-    if np.asarray(capacity).sum() != n_samples:
-        raise ValueError(f"capacities sum to {np.asarray(capacity).sum()}, expected {n_samples} samples")
-    cdef int64_t[::1] steps
-    cdef const int64_t* taken = NULL
-    if order is not None:
-        steps = np.ascontiguousarray(order, dtype=np.int64)
-        if steps.shape[0] != n_samples or not np.array_equal(np.sort(np.asarray(steps)), np.arange(n_samples)):
-            raise ValueError(f"order must be a permutation of the {n_samples} samples")
-        taken = &steps[0] if n_samples else NULL
+    cdef int64_t[::1] steps = checked_order(capacity, n_samples, n_workers, order)
+    cdef const int64_t* taken = &steps[0] if steps.shape[0] else NULL
     cdef int64_t[::1] remaining = np.array(capacity, dtype=np.int64)
     alloc = np.empty(n_samples, dtype=np.int32)
     cdef int32_t[::1] out = alloc
@@ -143,3 +153,372 @@ def allocate_chunked(*, const int32_t[:, ::1] scores, const int64_t[:, ::1] chun
         for c in prange(n_chunks, num_threads=threads, schedule="dynamic"):
             allocate_range(scores, chunk_start[c], chunk_start[c + 1], &remaining[c, 0], seed, iteration, out, NULL)
     return alloc
+
+
+cdef inline int64_t probe(int64_t[::1] keys, int64_t mask, int64_t key) noexcept nogil:
+    """Slot of ``key`` in an open-addressing table of int64 keys (-1 = empty): its own or the empty one to fill."""
+    cdef int64_t h = <int64_t>((<uint64_t>key * <uint64_t>0x9E3779B97F4A7C15ULL) >> 20) & mask
+    while keys[h] != -1 and keys[h] != key:
+        h = (h + 1) & mask
+    return h
+
+
+cdef class BatchCosts:
+    """The distinct rows of one global batch, who trains them, and what a placement adds (:func:`allocate_cost`).
+
+    Everything is sized by the batch (samples x tables), never by the tables
+    or the caches. Per distinct row: its holder bits (copied from the cluster
+    state), its dirty owner, the workers training it in this batch (same bit
+    layout as the holders) and how many of them pull it; per (row, worker)
+    the samples placed there that use it, so a sample can be moved.
+    """
+    cdef int n_workers, words, n_tables
+    cdef int64_t full_set, common, n_distinct, mask, pair_mask, pair_used, stamp
+    cdef int64_t[::1] keys, pair_keys, extra
+    cdef int32_t[::1] index, ids, seen, owner, n_miss, pair_count, visited
+    cdef uint64_t[::1] fresh, trains
+    cdef BatchCosts previous
+
+    def __init__(self, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
+                 const int32_t[::1] tables, bint full_set, BatchCosts previous=None, int pair_room=2):
+        """``pair_room``: (row, worker) slots per entry of the batch; above 2, room for moves (:meth:`can_move`)."""
+        cdef Py_ssize_t n_samples = rows.shape[0], i, k
+        self.n_workers, self.words, self.n_tables, self.full_set = n_workers, words, tables.shape[0], full_set
+        self.common = COMMON * n_workers
+        cdef int64_t entries = max(1, n_samples * self.n_tables), size = 16, pair_size = 16
+        while size < 2 * entries:
+            size <<= 1
+        while pair_size < max(2, pair_room) * entries:
+            pair_size <<= 1
+        self.mask, self.pair_mask, self.pair_used = size - 1, pair_size - 1, 0
+        self.keys = np.full(size, -1, dtype=np.int64)
+        self.index = np.empty(size, dtype=np.int32)
+        self.pair_keys = np.full(pair_size, -1, dtype=np.int64)
+        self.pair_count = np.zeros(pair_size, dtype=np.int32)
+        self.ids = np.empty(entries, dtype=np.int32)
+        self.seen = np.zeros(entries, dtype=np.int32)
+        self.owner = np.empty(entries, dtype=np.int32)
+        self.n_miss = np.zeros(entries, dtype=np.int32)
+        self.visited = np.zeros(entries, dtype=np.int32)
+        self.fresh = np.empty(entries * words, dtype=np.uint64)
+        self.trains = np.zeros(entries * words, dtype=np.uint64)
+        self.extra = np.zeros(n_workers, dtype=np.int64)
+        self.n_distinct = 0
+        self.stamp = 0
+        self.previous = previous
+        with nogil:
+            for i in range(n_samples):
+                for k in range(self.n_tables):
+                    self.ids[i * self.n_tables + k] = self.distinct(holders, rows[i, tables[k]])
+
+    cdef int32_t distinct(self, const uint64_t[::1] holders, int64_t row) noexcept nogil:
+        """Index of ``row`` among the batch's distinct rows; first sight copies its holders and dirty owner."""
+        cdef int64_t h = probe(self.keys, self.mask, row), u, word, count = 0, bit = -1
+        cdef uint64_t x
+        if self.keys[h] == -1:
+            u = self.n_distinct
+            self.n_distinct += 1
+            self.keys[h] = row
+            self.index[h] = <int32_t>u
+            for word in range(self.words):
+                x = holders[row * self.words + word]
+                if self.previous is not None:
+                    x = self.previous.holders_after(row, word, x)
+                self.fresh[u * self.words + word] = x
+                if x:
+                    count += popcount64(x)
+                    bit = 64 * word + ctz64(x)
+            self.owner[u] = <int32_t>(bit - 1) if count == 1 and bit > 0 else -1
+        u = self.index[h]
+        self.seen[u] += 1
+        return <int32_t>u
+
+    cdef uint64_t holders_after(self, int64_t row, int64_t word, uint64_t now) noexcept nogil:
+        """Word ``word`` of ``row``'s holders once this batch is trained as placed (``now``: before it).
+
+        As the state's update (docs/design.md section 3): a row one worker
+        trains is then fresh there only (full set: there and on the PS), a row
+        several workers train is fresh on the PS only. Evictions are ignored.
+        """
+        cdef int64_t h = probe(self.keys, self.mask, row), u, k, trainers = 0
+        if self.keys[h] != row:
+            return now
+        u = self.index[h]
+        for k in range(self.words):
+            trainers += popcount64(self.trains[u * self.words + k])
+        if trainers >= 2:
+            return 1 if word == 0 else 0
+        return self.trains[u * self.words + word] | (1 if word == 0 and self.full_set else 0)
+
+    cdef int64_t batch_cost(self) noexcept nogil:
+        """This batch's reads as placed: the sum of :meth:`row_cost` over its distinct rows."""
+        cdef int64_t u, total = 0
+        for u in range(self.n_distinct):
+            total += self.row_cost(u)
+        return total
+
+    cdef inline bint has(self, uint64_t[::1] bits, int64_t u, int64_t w) noexcept nogil:
+        return (bits[u * self.words + ((w + 1) >> 6)] >> ((w + 1) & 63)) & 1
+
+    cdef int64_t costs(self, int64_t i) noexcept nogil:
+        """What placing sample ``i`` adds on each worker: ``total + extra[w]``; returns ``total``."""
+        cdef int64_t total = 0, base, k, u, w, word
+        cdef uint64_t x, trained
+        for w in range(self.n_workers):
+            self.extra[w] = 0
+        for k in range(self.n_tables):
+            u = self.ids[i * self.n_tables + k]
+            if self.seen[u] >= self.common:
+                continue
+            base = 1 + self.full_set + (1 if self.owner[u] >= 0 and self.n_miss[u] == 0 else 0)
+            total += base
+            for word in range(self.words):  # workers that hold it fresh or already train it cost less
+                trained = self.trains[u * self.words + word]
+                x = self.fresh[u * self.words + word] | trained
+                if word == 0:
+                    x = x & ~(<uint64_t>1)
+                while x:
+                    w = 64 * word + ctz64(x) - 1
+                    if trained & (x & (~x + 1)):
+                        self.extra[w] -= base
+                    else:
+                        self.extra[w] += self.full_set - base  # fresh: no pull and no plan push
+                    x = x & (x - 1)
+        return total
+
+    cdef void move(self, int64_t i, int64_t w, int sign) noexcept nogil:
+        """Place (``sign`` 1) or take back (-1) sample ``i`` on worker ``w``."""
+        cdef int64_t k, u, h
+        cdef int64_t word = (w + 1) >> 6
+        cdef uint64_t bit = (<uint64_t>1) << ((w + 1) & 63)
+        for k in range(self.n_tables):
+            u = self.ids[i * self.n_tables + k]
+            h = probe(self.pair_keys, self.pair_mask, u * self.n_workers + w)
+            if self.pair_keys[h] == -1:
+                self.pair_keys[h] = u * self.n_workers + w
+                self.pair_used += 1
+            self.pair_count[h] += sign
+            if (sign > 0 and self.pair_count[h] == 1) or (sign < 0 and self.pair_count[h] == 0):
+                self.trains[u * self.words + word] ^= bit
+                if not (self.fresh[u * self.words + word] & bit):
+                    self.n_miss[u] += sign
+
+    cdef bint can_move(self) noexcept nogil:
+        """Whether a swap (two samples, both ways) still fits the (row, worker) table below 3/4 full.
+
+        Entries whose count went back to 0 stay (linear probing keeps no
+        tombstones), so every trial move may add keys: the swap pass stops
+        when the next one could fill the table.
+        """
+        return self.pair_used + 4 * self.n_tables <= 3 * (self.pair_mask + 1) // 4
+
+    cdef int64_t row_cost(self, int64_t u) noexcept nogil:
+        """This batch's reads of row ``u`` (pulls and the owner's plan push; full set: its pushes too)."""
+        cdef int64_t word, trainers = 0
+        if self.seen[u] >= self.common:
+            return 0
+        if self.full_set:
+            for word in range(self.words):
+                trainers += popcount64(self.trains[u * self.words + word])
+        return self.n_miss[u] + (1 if self.owner[u] >= 0 and self.n_miss[u] > 0 else 0) + trainers
+
+    cdef int64_t pair_cost(self, int64_t i, int64_t j) noexcept nogil:
+        """The summed cost of the distinct rows of samples ``i`` and ``j`` (each row once)."""
+        cdef int64_t k, u, total = 0, s
+        self.stamp += 1
+        for s in range(2):
+            for k in range(self.n_tables):
+                u = self.ids[(i if s == 0 else j) * self.n_tables + k]
+                if self.visited[u] != self.stamp:
+                    self.visited[u] = <int32_t>self.stamp
+                    total += self.row_cost(u)
+        return total
+
+    cdef int64_t leave_saving(self, int64_t i, int64_t w) noexcept nogil:
+        """About what taking sample ``i`` off worker ``w`` saves: its rows no other sample there uses."""
+        cdef int64_t k, u, h, saving = 0
+        for k in range(self.n_tables):
+            u = self.ids[i * self.n_tables + k]
+            if self.seen[u] >= self.common:
+                continue
+            h = probe(self.pair_keys, self.pair_mask, u * self.n_workers + w)
+            if self.pair_count[h] == 1:
+                saving += self.full_set + (0 if self.has(self.fresh, u, w) else 1)
+        return saving
+
+
+def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
+                  const int32_t[::1] tables, const int64_t[::1] capacity, uint64_t seed, uint64_t iteration,
+                  order=None, bint full_set=False, int swap_rounds=0):
+    """Each sample to the worker where it adds the fewest transmissions, given the samples placed before it.
+
+    The cost of placing a sample on worker ``w`` sums over its rows (in
+    ``tables``) what that adds to the iteration's reads (docs/design.md
+    section 4): nothing if ``w`` holds the row fresh or already trains it in
+    this batch; otherwise a pull, plus the holder's plan push when the only
+    latest copy is on another worker and no trainer has asked for it yet.
+    With ``full_set`` (mode laia) every new trainer also pushes the row.
+
+    Two choices were measured (the design's table): a row in ``COMMON *
+    n_workers`` or more of the batch's samples counts for no worker, since
+    every worker trains it whatever the allocation (counting it fills the
+    first workers with samples that share only such rows); and the
+    Accumulates of rows trained by several workers are not charged (charging
+    them cut fewer transmissions on both real and synthetic data).
+    Among the cheapest workers the one with the least cost placed on it so
+    far wins (the busiest worker sets an iteration's pace); remaining ties
+    are broken as in Algorithm 1, by a hash of (seed, iteration, sample).
+    Then up to ``swap_rounds`` rounds of :func:`swap_pass`.
+    Returns int32 worker per sample.
+    """
+    cdef Py_ssize_t n_samples = rows.shape[0], n_tables = tables.shape[0]
+    if words * 64 < n_workers + 1:
+        raise ValueError(f"{words} holder words cannot hold PS + {n_workers} workers")
+    cdef Py_ssize_t k
+    for k in range(n_tables):
+        if tables[k] < 0 or tables[k] >= rows.shape[1]:
+            raise ValueError(f"tables[{k}] = {tables[k]} is not a table in [0, {rows.shape[1]})")
+    cdef int64_t[::1] steps = checked_order(capacity, n_samples, n_workers, order)
+    cdef const int64_t* taken = &steps[0] if steps.shape[0] else NULL
+    cdef BatchCosts board = BatchCosts(holders, words, n_workers, rows, tables, full_set,
+                                       pair_room=SWAP_ROOM if swap_rounds else 2)
+    alloc = np.empty(n_samples, dtype=np.int32)
+    greedy(board, alloc, capacity, seed, iteration, taken)
+    for k in range(swap_rounds):
+        if not swap_pass(board, alloc):
+            break
+    return alloc
+
+
+cdef void greedy(BatchCosts board, int32_t[::1] out, const int64_t[::1] capacity, uint64_t seed,
+                 uint64_t iteration, const int64_t* taken):
+    """Each sample, in ``taken`` order (NULL: as they come), to its cheapest worker with room; see allocate_cost."""
+    cdef int64_t n_samples = out.shape[0], n_workers = board.n_workers
+    cdef int64_t[::1] remaining = np.array(capacity, dtype=np.int64)
+    cdef int64_t[::1] load = np.zeros(n_workers, dtype=np.int64)
+    cdef int64_t i, j, w, total, best, ties, pick, cost, least
+    cdef uint64_t stream = iteration * <uint64_t>0x100000001B3ULL + TIE_STREAM
+    with nogil:
+        for j in range(n_samples):
+            i = taken[j] if taken != NULL else j
+            total = board.costs(i)
+            best = -1
+            ties = 0
+            least = -1
+            for w in range(n_workers):
+                if remaining[w] > 0:
+                    cost = total + board.extra[w]
+                    if best < 0 or cost < best or (cost == best and load[w] < least):
+                        best = cost
+                        least = load[w]
+                        ties = 1
+                    elif cost == best and load[w] == least:
+                        ties += 1
+            pick = <int64_t>(hash3(seed, stream, <uint64_t>i) % <uint64_t>ties)
+            for w in range(n_workers):
+                if remaining[w] > 0 and total + board.extra[w] == best and load[w] == least:
+                    if pick == 0:
+                        break
+                    pick -= 1
+            out[i] = <int32_t>w
+            remaining[w] -= 1
+            load[w] += best
+            board.move(i, w, 1)
+
+
+def lookahead_cost(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
+                   const int32_t[::1] alloc, const int64_t[:, ::1] rows_next, const int32_t[::1] tables,
+                   const int64_t[::1] capacity_next, uint64_t seed, uint64_t iteration_next, bint full_set=False):
+    """The reads of batch ``rows`` placed as ``alloc``, plus those of the next batch's greedy allocation
+    (arrival order) from the holders that placement leaves (the multi-batch look-ahead)."""
+    if alloc.shape[0] != rows.shape[0]:
+        raise ValueError(f"alloc: expected {rows.shape[0]} samples, got {alloc.shape[0]}")
+    if rows_next.shape[1] != rows.shape[1]:
+        raise ValueError(f"rows_next has {rows_next.shape[1]} tables, rows {rows.shape[1]}")
+    if capacity_next.shape[0] != n_workers or np.asarray(capacity_next).sum() != rows_next.shape[0]:
+        raise ValueError(f"capacity_next must give {n_workers} workers room for {rows_next.shape[0]} samples")
+    cdef BatchCosts now = BatchCosts(holders, words, n_workers, rows, tables, full_set)
+    cdef int64_t i
+    for i in range(rows.shape[0]):
+        if alloc[i] < 0 or alloc[i] >= n_workers:
+            raise ValueError(f"alloc[{i}] = {alloc[i]} is not a worker in [0, {n_workers})")
+        now.move(i, alloc[i], 1)
+    cdef BatchCosts after = BatchCosts(holders, words, n_workers, rows_next, tables, full_set, previous=now)
+    greedy(after, np.empty(rows_next.shape[0], dtype=np.int32), capacity_next, seed, iteration_next, NULL)
+    return now.batch_cost() + after.batch_cost()
+
+
+cdef int64_t swap_pass(BatchCosts board, int32_t[::1] alloc):
+    """One round of exchanges: samples that would rather be on each other's worker swap when that costs less.
+
+    Each sample's best other worker is estimated (what leaving saves minus
+    what joining adds); samples wanting a -> b, largest estimated gains
+    first, try up to ``SWAP_TRIES`` of the samples wanting b -> a, and a pair
+    swaps only if the exact cost of their rows falls. Capacities never change, and the result
+    depends on the batch and the state only. Returns the swaps made.
+    """
+    cdef int64_t n_samples = alloc.shape[0], n_workers = board.n_workers
+    gain_array = np.zeros(n_samples, dtype=np.int64)
+    target_array = np.full(n_samples, -1, dtype=np.int64)
+    cdef int64_t[::1] gain = gain_array, target = target_array
+    cdef int64_t i, j, w, a, b, total, saving, g, before, swaps = 0
+    with nogil:
+        for i in range(n_samples):
+            a = alloc[i]
+            total = board.costs(i)
+            saving = board.leave_saving(i, a)
+            for w in range(n_workers):
+                g = saving - (total + board.extra[w])
+                if w != a and g > gain[i]:
+                    gain[i] = g
+                    target[i] = w
+    wanting = np.flatnonzero(target_array >= 0)
+    if len(wanting) < 2:
+        return 0
+    alloc_array = np.asarray(alloc).astype(np.int64)
+    route = alloc_array[wanting] * n_workers + target_array[wanting]  # a * n + b
+    by_route = wanting[np.lexsort((wanting, -gain_array[wanting], route))]
+    routes = alloc_array[by_route] * n_workers + target_array[by_route]
+    first_array = np.searchsorted(routes, np.arange(n_workers * n_workers + 1)).astype(np.int64)
+    order_array = wanting[np.lexsort((wanting, -gain_array[wanting]))]
+    cdef int64_t[::1] queue = by_route, first = first_array, next_at = first_array[:n_workers * n_workers].copy()
+    cdef int64_t[::1] order = order_array
+    used_array = np.zeros(n_samples, dtype=np.int8)
+    cdef int8_t[::1] used = used_array
+    cdef int64_t k, p, tries
+    with nogil:
+        for k in range(order.shape[0]):
+            i = order[k]
+            if used[i]:
+                continue
+            a = alloc[i]
+            b = target[i]
+            if a == b:
+                continue
+            while next_at[b * n_workers + a] < first[b * n_workers + a + 1] and \
+                    used[queue[next_at[b * n_workers + a]]]:  # swapped already: skip it for good
+                next_at[b * n_workers + a] += 1
+            tries = 0
+            p = next_at[b * n_workers + a]
+            while p < first[b * n_workers + a + 1] and tries < SWAP_TRIES and board.can_move():
+                j = queue[p]
+                p += 1
+                if used[j]:
+                    continue
+                tries += 1
+                before = board.pair_cost(i, j)
+                board.move(i, a, -1)
+                board.move(i, b, 1)
+                board.move(j, b, -1)
+                board.move(j, a, 1)
+                if board.pair_cost(i, j) < before:
+                    alloc[i] = <int32_t>b
+                    alloc[j] = <int32_t>a
+                    used[i] = used[j] = 1
+                    swaps += 1
+                    break
+                board.move(j, a, -1)
+                board.move(j, b, 1)
+                board.move(i, b, -1)
+                board.move(i, a, 1)
+    return swaps

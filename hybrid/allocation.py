@@ -35,13 +35,15 @@ def interleaved_slots(capacity: np.ndarray) -> np.ndarray:
 class AllocationPolicy(ABC):
     """Maps a global batch (global row ids, [B, tables]) to a worker per sample."""
 
+    looks_ahead = False  # whether allocate() wants the batch after ``rows`` (the scheduler then reads one ahead)
+
     def __init__(self, n_workers: int):
         self.n_workers = n_workers
         self.timing = {"scoring": 0.0, "allocation": 0.0}
 
     @abstractmethod
-    def allocate(self, rows: np.ndarray, iteration: int) -> np.ndarray:
-        """int32 worker of each sample of ``rows``."""
+    def allocate(self, rows: np.ndarray, iteration: int, upcoming: np.ndarray | None = None) -> np.ndarray:
+        """int32 worker of each sample of ``rows``; ``upcoming``: the next batch's rows, if known."""
 
     def save_arrays(self) -> dict:
         """What the policy carries from batch to batch, for a checkpoint (none: it reads the cluster state)."""
@@ -60,7 +62,7 @@ class RandomAllocation(AllocationPolicy):
         self._slots: dict[int, np.ndarray] = {}  # batch size -> interleaved slots
         self._stream = stream_id("random-allocation")
 
-    def allocate(self, rows: np.ndarray, iteration: int) -> np.ndarray:
+    def allocate(self, rows: np.ndarray, iteration: int, upcoming: np.ndarray | None = None) -> np.ndarray:
         start = time.perf_counter()
         n = len(rows)
         if n not in self._slots:
@@ -76,7 +78,7 @@ class RandomAllocation(AllocationPolicy):
 class ContiguousAllocation(AllocationPolicy):
     """Consecutive shards of the batch per worker (HET-style data parallelism)."""
 
-    def allocate(self, rows: np.ndarray, iteration: int) -> np.ndarray:
+    def allocate(self, rows: np.ndarray, iteration: int, upcoming: np.ndarray | None = None) -> np.ndarray:
         return np.repeat(np.arange(self.n_workers, dtype=np.int32), capacities(len(rows), self.n_workers))
 
 
@@ -87,20 +89,31 @@ class LaiaAllocation(AllocationPolicy):
     runs the chunked lock-free variant (deterministic for a chunk count,
     whatever ``threads``). ``tables`` restricts scoring to a subset of tables
     (adaptive LAIA chooses it). ``confident`` takes the samples by margin
-    (:func:`margin_order`) instead of in batch order.
+    (:func:`margin_order`) instead of in batch order. ``cost`` places each
+    sample where it adds the fewest transmissions given the samples placed
+    before it (``laia.allocate_cost``) instead of where most of its rows are
+    fresh; ``full_set`` says every trained row is pushed (mode laia). With
+    cost scoring, ``swap_rounds`` refines the allocation by exchanges
+    (``laia.swap_pass``) and ``lookahead`` allocates the batch in both
+    orders and keeps the one that leaves the next batch cheaper too.
     """
 
-    def __init__(self, state, seed: int, *, chunks: int | None = None, threads: int = 1, confident: bool = False):
+    def __init__(self, state, seed: int, *, chunks: int | None = None, threads: int = 1, confident: bool = False,
+                 cost: bool = False, full_set: bool = False, swap_rounds: int = 0, lookahead: bool = False):
         super().__init__(state.n_workers)
-        if confident and chunks:
-            raise ValueError("the confident order allocates the whole batch in one order: it needs unchunked LAIA")
+        if (confident or cost) and chunks:
+            raise ValueError("the confident order and cost scoring allocate the whole batch in one sequence: "
+                             "they need unchunked LAIA")
+        if (swap_rounds or lookahead) and not cost:
+            raise ValueError("the swap pass and the look-ahead refine cost scoring's allocation: they need cost=True")
         self.state, self.seed, self.chunks, self.threads = state, seed, chunks, threads
-        self.confident = confident
+        self.confident, self.cost, self.full_set, self.swap_rounds = confident, cost, full_set, swap_rounds
+        self.looks_ahead = lookahead
         self.tables: np.ndarray | None = None
         self._scores = np.zeros((0, self.n_workers), dtype=np.int32)
         self._layouts: dict[int, tuple] = {}  # batch size -> (capacity, chunk starts, chunk capacities)
 
-    def allocate(self, rows: np.ndarray, iteration: int) -> np.ndarray:
+    def allocate(self, rows: np.ndarray, iteration: int, upcoming: np.ndarray | None = None) -> np.ndarray:
         n = len(rows)
         start = time.perf_counter()
         if self._scores.shape[0] != n:
@@ -113,7 +126,9 @@ class LaiaAllocation(AllocationPolicy):
             capacity = capacities(n, self.n_workers)
             self._layouts[n] = (capacity,) + (chunk_layout(n, capacity, self.chunks) if self.chunks else (None, None))
         capacity, starts, chunk_capacity = self._layouts[n]
-        if self.chunks is None:
+        if self.cost:
+            alloc = self._cost_allocation(rows, tables, capacity, iteration, upcoming)
+        elif self.chunks is None:
             alloc = laia.allocate_exact(scores=self._scores, capacity=capacity, seed=self.seed,
                                         iteration=iteration, order=margin_order(self._scores) if self.confident else None)
         else:
@@ -121,6 +136,25 @@ class LaiaAllocation(AllocationPolicy):
                                           seed=self.seed, iteration=iteration, threads=self.threads)
         self.timing = {"scoring": scored - start, "allocation": time.perf_counter() - scored}
         return alloc
+
+    def _cost_allocation(self, rows, tables, capacity, iteration: int, upcoming) -> np.ndarray:
+        """Cost scoring's allocation; looking ahead, the better of both orders over this batch and the next."""
+        common = dict(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
+                      rows=rows, tables=tables, seed=self.seed, full_set=self.full_set)
+        margins = margin_order(self._scores)
+        orders = (margins, None) if self.confident else (None, margins)
+        alloc = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
+                                   order=orders[0], **common)
+        if not self.looks_ahead or upcoming is None:
+            return alloc
+        other = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
+                                   order=orders[1], **common)
+        if np.array_equal(alloc, other):
+            return alloc
+        following = capacities(len(upcoming), self.n_workers)
+        costs = [laia.lookahead_cost(alloc=a, rows_next=upcoming, capacity_next=following,
+                                     iteration_next=iteration + 1, **common) for a in (alloc, other)]
+        return alloc if costs[0] <= costs[1] else other
 
 
 def margin_order(scores: np.ndarray) -> np.ndarray:
@@ -202,8 +236,10 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
     """
 
     def __init__(self, state, seed: int, cardinalities, *, score_tables: int = 0, budget_ms: float = 0.0,
-                 profile_every: int = 10, chunks: int | None = None, threads: int = 1, confident: bool = False):
-        super().__init__(state, seed, chunks=chunks, threads=threads, confident=confident)
+                 profile_every: int = 10, chunks: int | None = None, threads: int = 1, confident: bool = False,
+                 cost: bool = False, full_set: bool = False, swap_rounds: int = 0, lookahead: bool = False):
+        super().__init__(state, seed, chunks=chunks, threads=threads, confident=confident, cost=cost,
+                         full_set=full_set, swap_rounds=swap_rounds, lookahead=lookahead)
         self.profiler = TableProfiler(cardinalities)
         self.n_tables = len(cardinalities)
         self.score_tables, self.budget_ms, self.profile_every = score_tables, budget_ms, profile_every
@@ -274,14 +310,14 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
             return self.n_tables
         return int(np.clip(self.budget_ms // self.cost_per_table_ms, 1, self.n_tables))
 
-    def allocate(self, rows: np.ndarray, iteration: int) -> np.ndarray:
+    def allocate(self, rows: np.ndarray, iteration: int, upcoming: np.ndarray | None = None) -> np.ndarray:
         self.profiler.observe(rows)
         if iteration % self.profile_every == 0 and iteration > 0:
             cached = self.state.rows_at_slots(self._sampled_slots(iteration))
             self.doi = self.profiler.degree_of_infrequency(cached[cached >= 0])
             order = np.argsort(-self.doi, kind="stable")
             self.tables = np.sort(order[:self.table_count()]).astype(np.int32)
-        alloc = super().allocate(rows, iteration)
+        alloc = super().allocate(rows, iteration, upcoming)
         scored = len(self.tables) if self.tables is not None else self.n_tables
         per_table = 1000 * self.timing["scoring"] / max(1, scored)
         self.cost_per_table_ms = per_table if not self.cost_per_table_ms else \

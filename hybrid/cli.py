@@ -20,6 +20,7 @@ from tqdm import tqdm
 from hybrid.config import ConfigError, load_config
 from hybrid.data.formats import FORMAT_NAMES, FormatError
 from hybrid.data.store import StoreError
+from hybrid.data.synthetic import PROFILES
 
 EXIT_FAILURE = 1
 
@@ -38,7 +39,7 @@ def cmd_synth(args) -> int:
             raise ConfigError(f"{args.config}: data.synthetic is not set; this workload reads real data "
                               f"(create it with 'hybrid preprocess')")
         spec, out = config.data.synthetic, Path(config.data.path)
-        like, rows, scale, seed = spec.like, spec.rows, spec.scale, spec.seed
+        like, rows, scale, seed, recurrence = spec.like, spec.rows, spec.scale, spec.seed, spec.recurrence()
         if (out / "meta.json").is_file() and not args.force:
             print(f"{out}: store exists, keeping it (--force rebuilds)", file=sys.stderr)
             return 0
@@ -47,9 +48,10 @@ def cmd_synth(args) -> int:
         if missing:
             raise ConfigError(f"give {' and '.join(missing)} (or --config CONFIG)")
         like, rows, scale, seed, out = args.like, args.rows, args.scale, args.seed, Path(args.out)
+        recurrence = {}
     with _progress_bar(rows, desc="synth") as bar:
-        meta = synthesize(out, like=like, rows=rows, scale=scale, seed=seed, force=args.force,
-                          progress=bar.update)
+        meta = synthesize(out, like=like, rows=rows, scale=scale, seed=seed, recurrence=recurrence,
+                          force=args.force, progress=bar.update)
     print(f"wrote {out}: {meta['n_samples']} samples, {len(meta['cardinalities'])} tables, "
           f"{sum(meta['cardinalities'])} rows, fingerprint {meta['fingerprint']}")
     return 0
@@ -239,13 +241,13 @@ def cmd_simulate(args) -> int:
           f"(after {config.scheduler.warmup_iterations} warm-up)", file=out)
     width = max(9, *(len(label) + 1 for label in results))
     print(f"{'mode':<{width}}{'pulls':>11}{'pushes':>11}{'p2p':>8}{'total':>11}{'-pull':>8}{'-push':>8}{'-total':>8}"
-          f"{'hit':>7}{'sched ms':>10}{'checks':>11}{'allreduced':>11}", file=out)
+          f"{'hit':>7}{'sched ms':>10}{'checks':>11}{'allreduced':>11}{'busiest':>10}", file=out)
     for label, counts in results.items():
         cut = reduction(counts, baseline) if baseline else None
         cuts = "".join(f"{cut[k]:>8.1%}" for k in ("pulls", "pushes", "transmissions")) if cut else " " * 24
         print(f"{label:<{width}}{counts.pulls:>11}{counts.pushes:>11}{counts.p2p:>8}{counts.transmissions:>11}"
               f"{cuts}{counts.hit_rate:>7.1%}{counts.sched_ms:>10.3f}{counts.version_checks:>11}"
-              f"{counts.allreduced:>11}", file=out)
+              f"{counts.allreduced:>11}{counts.busiest:>10}", file=out)
     if args.json:
         print(json.dumps({label: counts.summary() for label, counts in results.items()}))
     return 0
@@ -256,6 +258,13 @@ def _int_list(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 def _bandwidth(text: str) -> Optional[str]:
@@ -270,6 +279,7 @@ def _bandwidth(text: str) -> Optional[str]:
 def cmd_bench_e2e(args) -> int:
     from hybrid.bench import e2e_bench
     from hybrid.bench.emulated_hosts import EmulationUnavailable, LinkShape
+    from hybrid.bench.result_files import save
 
     shape = LinkShape(args.bandwidth, args.latency_ms)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
@@ -283,7 +293,8 @@ def cmd_bench_e2e(args) -> int:
             if args.json:
                 print(json.dumps(rows))
             return 0
-        result = e2e_bench.run(workloads=tuple(args.workloads.split(",")), modes=tuple(args.modes.split(",")),
+        result = e2e_bench.run(workloads=tuple((args.workloads or "movielens-100k,w1-scale0.1").split(",")),
+                               modes=tuple((args.modes or "vanilla,herald").split(",")),
                                shape=shape, repeats=args.repeats, overrides=args.overrides, say=say)
     except EmulationUnavailable as err:
         print(f"hybrid bench e2e: cannot run here: {err}", file=sys.stderr)
@@ -292,11 +303,8 @@ def cmd_bench_e2e(args) -> int:
         print(f"hybrid bench e2e: interrupted ({err or 'Ctrl-C'}); the runs were stopped and the emulated "
               f"hosts removed", file=sys.stderr)
         return 130
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"e2e-{shape.label()}-{time.strftime('%Y%m%d-%H%M%S')}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    e2e_bench.plot(result, stem.with_suffix(".png"))
+    stem = Path(args.out) / f"e2e-{shape.label()}-{time.strftime('%Y%m%d-%H%M%S')}"
+    save(stem, result, e2e_bench.plot)
     print(e2e_bench.format_table(result), file=table_out)
     say(f"wrote {stem}.json and {stem}.png")
     if args.json:
@@ -304,44 +312,65 @@ def cmd_bench_e2e(args) -> int:
     return 0
 
 
+def _suite_kwargs(name: str, args, say) -> dict:
+    """The arguments of a paper suite's ``run`` from the command line; options not given keep the suite's defaults."""
+    from hybrid.bench import simulated
+
+    def given(**kwargs) -> dict:
+        return {k: v for k, v in kwargs.items() if v is not None}
+
+    split = (lambda text: tuple(text.split(",")) if text else None)  # noqa: E731
+    if name in ("transmissions", "cache-size"):
+        return given(workloads=split(args.workloads), cases=split(args.modes), iterations=args.iterations,
+                     ratios=args.ratios if name == "cache-size" else None, overrides=args.overrides, say=say)
+    if name == "scale":
+        return given(workers=args.workers, score_tables=args.score_tables, iterations=args.iterations,
+                     workload=simulated.workload(args.workloads) if args.workloads else None,
+                     overrides=args.overrides, say=say)
+    if name == "quality":
+        return given(workers=args.workers, iterations=args.iterations, say=say)
+    return given(workers=args.workers, threads=args.threads, batch_per_worker=args.batch_per_worker,
+                 laia=split(args.laia), iterations=args.iterations, scale=args.scale, repeats=args.repeats, say=say)
+
+
+def cmd_bench_suites(args) -> int:
+    """The paper suites (``hybrid bench SUITE``, ``all``/``paper``) and the README results section (``report``)."""
+    from hybrid.bench import result_files, results_report
+
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    show = lambda text: print(text, file=_text_out(args), flush=True)  # noqa: E731
+    command = result_files.command_line(args.argv)
+    names = list(results_report.SUITES) if args.name in ("all", "paper") else \
+        [] if args.name == "report" else [args.name]
+    documents = {name: result_files.run_suite(results_report.SUITES[name], _suite_kwargs(name, args, say),
+                                              out=Path(args.out), command=command, say=show)
+                 for name in names}
+    if args.name in ("report", "all", "paper"):
+        changed = results_report.write(Path(args.out), Path(args.readme))
+        show(f"{args.readme}: results section {'rewritten' if changed else 'unchanged'} from {args.out}/*.json")
+        documents["report"] = {"readme": str(args.readme), "changed": changed}
+    if args.json:
+        print(json.dumps(documents if len(documents) != 1 else next(iter(documents.values()))))
+    return 0
+
+
+PAPER_SUITES = ("transmissions", "cache-size", "scale", "quality", "scheduler", "report", "all", "paper")
+
+
 def cmd_bench(args) -> int:
+    if args.name in PAPER_SUITES:
+        return cmd_bench_suites(args)
     if args.name == "e2e":
         return cmd_bench_e2e(args)
     if args.name == "train":
         from hybrid.bench import train_bench
 
         result = train_bench.run(config_path=args.config, sizes=tuple(args.sizes.split(",")),
-                                 modes=tuple(args.modes.split(",")), iterations=args.iterations or 200,
-                                 repeats=args.repeats, full_rows=args.full_rows, overrides=args.overrides,
+                                 modes=tuple((args.modes or "vanilla,herald").split(",")),
+                                 iterations=args.iterations or 200, repeats=args.repeats, full_rows=args.full_rows,
+                                 overrides=args.overrides,
                                  progress=lambda line: print(line, file=sys.stderr, flush=True))
         print(train_bench.format_table(result), file=_text_out(args))
-        if args.json:
-            print(json.dumps(result))
-        return 0
-    if args.iterations is None:
-        args.iterations = 30
-    if args.name == "scheduler":
-        from hybrid.bench import scheduler_bench as bench
-
-        out = _text_out(args)
-        print(bench.HEADER, file=out, flush=True)
-        rows = bench.run(workers=args.workers, threads=args.threads, batch_per_worker=args.batch_per_worker,
-                         laia=tuple(args.laia.split(",")), iterations=args.iterations, scale=args.scale,
-                         progress=lambda line: print(line, file=out, flush=True))
-        if args.json:
-            print(json.dumps([row.to_dict() for row in rows]))
-        return 0
-    if args.name == "quality":
-        from hybrid.bench import quality_bench
-
-        workers = args.workers[0] if args.workers != (8, 16, 64, 128) else 4
-        result = quality_bench.run(workers=workers, iterations=args.iterations)
-        out = _text_out(args)
-        print(f"{result['iterations']} batches of {workers} samples ({result['rows']} rows, "
-              f"{result['capacity']} cache slots): brute force / policy transmissions", file=out)
-        for name in quality_bench.POLICIES:
-            r = result[name]
-            print(f"  {name:<15} {r['brute_force']:>8} / {r['transmissions']:>8} = {r['quality']:.3f}", file=out)
         if args.json:
             print(json.dumps(result))
         return 0
@@ -413,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("synth", help="write a synthetic store shaped like a public dataset")
-    p.add_argument("--like", choices=["criteo-kaggle", "avazu", "movielens-25m", "criteo-search"])
+    p.add_argument("--like", choices=sorted(PROFILES))
     p.add_argument("--rows", type=int, default=200_000, help="samples to generate (default 200000)")
     p.add_argument("--scale", type=float, default=0.001, help="table cardinality scale (default 0.001)")
     p.add_argument("--seed", type=int, default=0)
@@ -475,34 +504,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("bench", help="benchmarks: scheduler, quality, ps (under mpirun -n 2), train, e2e (root)")
-    p.add_argument("name", choices=["scheduler", "quality", "ps", "train", "e2e"])
-    p.add_argument("--workers", type=_int_list, default=(8, 16, 64, 128))
+    p = sub.add_parser("bench", help="benchmarks: the paper's suites (transmissions, cache-size, scale, quality, "
+                                     "scheduler; all; report), ps (under mpirun -n 2), train, e2e (root)")
+    p.add_argument("name", choices=["transmissions", "cache-size", "scale", "quality", "scheduler", "report", "all",
+                                    "paper", "ps", "train", "e2e"])
+    p.add_argument("--workers", type=_int_list, default=None,
+                   help="scheduler, scale: worker counts (default 8,16,32,64,128); quality: 2,3,4,5,6")
     p.add_argument("--threads", type=_int_list, default=(1, 2))
     p.add_argument("--batch-per-worker", type=_int_list, default=(128,))
-    p.add_argument("--laia", default="exact,chunked", help="LAIA variants (default: %(default)s)")
+    p.add_argument("--laia", default="exact,chunked,cost",
+                   help="scheduler: LAIA variants, of exact, chunked, cost (default: %(default)s)")
     p.add_argument("--iterations", type=int, default=None,
-                   help="timed batches per case (scheduler/quality: 30 after 10 warm-up; train: 200)")
-    p.add_argument("--scale", type=float, default=0.01, help="Criteo table scale of the synthetic data")
+                   help="global batches per case, warm-up included except where said: transmissions, cache-size: "
+                        "all (0); scale: 100; quality: 90 after 10 warm-up; scheduler: 30 timed after 10 warm-up; "
+                        "train: 200")
+    p.add_argument("--scale", type=float, default=0.01, help="scheduler: Criteo table scale of the synthetic data")
+    p.add_argument("--ratios", type=_float_list, default=None, help="cache-size: cache ratios (default "
+                                                                   "0.02,0.04,0.06,0.08,0.1)")
+    p.add_argument("--score-tables", type=_int_list, default=None,
+                   help="scale: tables adaptive LAIA scores, fixed per case (default 2,4,8)")
+    p.add_argument("--readme", default=str(Path(__file__).resolve().parents[1] / "README.md"),
+                   help="report, all: the README whose results section is rewritten (default: the repository's)")
     p.add_argument("--dims", type=_int_list, default=(16, 128, 512), help="ps: row widths")
     p.add_argument("--rows-per-op", type=int, default=8192, help="ps: rows per batched operation")
     p.add_argument("--transports", default="rma,packed", help="ps: store transports to time (default: %(default)s)")
     p.add_argument("--config", default="configs/w1-smoke.yaml", help="train: the workload (default: %(default)s)")
     p.add_argument("--sizes", default="smoke,full", help="train: the config's store and/or its full-cardinality "
                                                         "twin (default: %(default)s)")
-    p.add_argument("--modes", default="vanilla,herald",
-                   help="train, e2e: cases to compare, each MODE[+KEY=VALUE...] (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=3, help="train: runs per case, alternating (median reported)")
+    p.add_argument("--modes", default=None,
+                   help="train, e2e (default vanilla,herald), transmissions, cache-size (default: the suite's "
+                        "cases): cases to compare, each MODE[+KEY=VALUE...], the baseline first")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="train, e2e, scheduler: runs per case, alternating (median reported); the counting "
+                        "suites are deterministic and run once")
     p.add_argument("--full-rows", type=int, default=2_000_000, help="train: samples of the full-size store")
     p.add_argument("--bandwidth", type=_bandwidth, default="1gbit",
                    help="e2e: link rate as tc writes it, or none for unshaped (default: %(default)s)")
     p.add_argument("--latency-ms", type=float, default=0.0, help="e2e: added one-way delay per link direction")
-    p.add_argument("--workloads", default="movielens-100k,w1-scale0.1", help="e2e: (default: %(default)s)")
+    p.add_argument("--workloads", default=None,
+                   help="e2e (default movielens-100k,w1-scale0.1); transmissions (default w1,w2,w3,w4,ml100k,"
+                        "ml100k-shuffled), cache-size (w1-s0.01,ml100k-b16), scale (one): names or config .yaml paths")
     p.add_argument("--ps", action="store_true", help="e2e: the store micro-benchmark across two emulated hosts")
-    p.add_argument("--out", default="results", help="e2e: where the JSON and PNG go (default: %(default)s)")
+    p.add_argument("--out", default="results",
+                   help="e2e and the paper suites: where the JSON and PNG go (default: %(default)s)")
     p.add_argument("--json", action="store_true",
                    help="print only the result as JSON on stdout (the tables and progress go to stderr)")
-    p.add_argument("overrides", nargs="*", help="train, e2e: config overrides key=value")
+    p.add_argument("overrides", nargs="*",
+                   help="train, e2e, transmissions, cache-size, scale: config overrides key=value")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("train", help="multi-rank training (run under mpirun: workers + PS ranks)")
@@ -539,6 +587,7 @@ def main(argv=None) -> int:
     if args.command in _STORE_WRITERS:
         # SIGTERM (a time limit, `kill`) must unwind like Ctrl-C, so the writer removes its temporary store
         signal.signal(signal.SIGTERM, _interrupt)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # bench suites record the exact command
     try:
         return args.func(args)
     except KeyboardInterrupt as err:

@@ -61,6 +61,13 @@ class LaiaOrder(str, enum.Enum):
     confident = "confident"
 
 
+class LaiaScoring(str, enum.Enum):
+    """What LAIA maximizes per sample: ``fresh`` rows on the worker (the paper's) or the fewest added ``cost``."""
+
+    fresh = "fresh"
+    cost = "cost"
+
+
 class LaiaVariant(str, enum.Enum):
     """``exact`` is the paper's Algorithm 1; ``chunked`` its lock-free parallel form."""
 
@@ -96,6 +103,16 @@ class SyntheticConfig:
     rows: int = 200_000
     scale: float = 0.001
     seed: int = 0
+    # the session process's recurrence, None = the profile's (README "Synthetic data"): runs of a context's
+    # samples, returns of recently ended contexts, and how many recent ones a return picks from
+    stickiness: Optional[float] = None
+    revisit: Optional[float] = None
+    recent: Optional[int] = None
+
+    def recurrence(self) -> dict:
+        """The recurrence settings given here, for :func:`hybrid.data.synthetic.synthesize`."""
+        return {k: v for k, v in (("stickiness", self.stickiness), ("revisit", self.revisit),
+                                  ("recent", self.recent)) if v is not None}
 
 
 @dataclass
@@ -155,6 +172,9 @@ class SchedulerConfig:
     mode: Mode = Mode.herald
     laia: LaiaVariant = LaiaVariant.exact
     order: LaiaOrder = LaiaOrder.arrival  # exact and adaptive LAIA: arrival (the paper's) or confident first
+    scoring: LaiaScoring = LaiaScoring.fresh  # exact and adaptive LAIA: fresh rows (the paper's) or added cost
+    swap_rounds: int = 0  # scoring=cost: rounds of pairwise exchanges that lower the batch's reads
+    lookahead: bool = False  # scoring=cost: of both orders, keep the one that leaves the next batch cheaper too
     sync: SyncMode = SyncMode.ps
     chunks: int = 8
     threads: int = 1
@@ -337,3 +357,9 @@ def validate(config: Config) -> None:
                f"unknown profile {synthetic.like!r}; expected one of {sorted(PROFILES)}")
         _check(synthetic.rows >= 1, "data.synthetic.rows", f"must be >= 1, got {synthetic.rows}")
         _check(synthetic.scale > 0, "data.synthetic.scale", f"must be > 0, got {synthetic.scale}")
+        _check(synthetic.stickiness is None or 0 <= synthetic.stickiness < 1, "data.synthetic.stickiness",
+               f"must be in [0, 1), got {synthetic.stickiness}")
+        _check(synthetic.revisit is None or 0 <= synthetic.revisit <= 1, "data.synthetic.revisit",
+               f"must be in [0, 1], got {synthetic.revisit}")
+        _check(synthetic.recent is None or synthetic.recent >= 1, "data.synthetic.recent",
+               f"must be >= 1, got {synthetic.recent}")

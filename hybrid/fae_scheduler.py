@@ -108,11 +108,18 @@ class FaeScheduler:
                 plan.fae = fae
                 plan.counts["hot_push"] = len(self.hot_rows) if fae.push_replicas else 0
                 plan.counts["hot_pull"] = len(self.hot_rows) * self.state.n_workers if fae.pull_replicas else 0
+                plan.per_worker = self._switch_transmissions(plan, fae)
                 yield plan
                 fae = FaeStep(strip.kind, strip.pair, False, None, False)
                 step += 1
             previous, previous_pair = strip.kind, strip.pair
             batch = rest[0] if rest else None
+
+    def _switch_transmissions(self, plan: BatchPlan, fae) -> np.ndarray:
+        """Per worker: the plan's own, plus the replica write (worker 0) and reads (every worker) of a switch."""
+        per_worker = np.zeros(self.state.n_workers, np.int64) if plan.per_worker is None else plan.per_worker
+        per_worker[0] += len(self.hot_rows) if fae.push_replicas else 0
+        return per_worker + (len(self.hot_rows) if fae.pull_replicas else 0)
 
     def _hot_plan(self, batch, step: int) -> BatchPlan:
         """A hot iteration: balanced random allocation, rows from the replicas, their union allreduced."""

@@ -24,7 +24,7 @@ from hybrid._ext.cluster_state import ClusterState
 from hybrid.allocation import (
     AdaptiveLaiaAllocation, AllocationPolicy, ContiguousAllocation, LaiaAllocation, RandomAllocation,
 )
-from hybrid.config import Config, LaiaOrder, LaiaVariant, Mode, SyncMode
+from hybrid.config import Config, LaiaOrder, LaiaScoring, LaiaVariant, Mode, SyncMode
 
 
 class SchedulerError(ValueError):
@@ -61,9 +61,20 @@ class ModePolicy:
         if config.scheduler.sync is SyncMode.p2p and self.sync is not Sync.on_demand:
             raise SchedulerError(f"scheduler.sync=p2p needs an on-demand mode (plan or herald), "
                                  f"not {self.mode.value}")
-        if config.scheduler.order is LaiaOrder.confident and config.scheduler.laia is LaiaVariant.chunked:
-            raise SchedulerError("scheduler.order=confident takes the whole batch in one order: use "
-                                 "scheduler.laia=exact or adaptive, not chunked")
+        sequential = {"scheduler.order=confident": config.scheduler.order is LaiaOrder.confident,
+                      "scheduler.scoring=cost": config.scheduler.scoring is LaiaScoring.cost}
+        for setting, used in sequential.items():
+            if used and config.scheduler.laia is LaiaVariant.chunked:
+                raise SchedulerError(f"{setting} allocates the whole batch in one sequence: use "
+                                     f"scheduler.laia=exact or adaptive, not chunked")
+        refinements = {"scheduler.swap_rounds": config.scheduler.swap_rounds,
+                       "scheduler.lookahead": config.scheduler.lookahead}
+        for setting, value in refinements.items():
+            if value and config.scheduler.scoring is not LaiaScoring.cost:
+                raise SchedulerError(f"{setting}={value} refines cost scoring's allocation: "
+                                     f"add scheduler.scoring=cost")
+        if config.scheduler.swap_rounds < 0:
+            raise SchedulerError(f"scheduler.swap_rounds must be >= 0, got {config.scheduler.swap_rounds}")
         if self.sync in (Sync.het_clocks, Sync.fae_replicas):
             self._check_unsaved(config)
         if self.sync is Sync.fae_replicas and config.data.test_fraction <= 0:
@@ -98,12 +109,14 @@ class ModePolicy:
         if self.allocation is Allocation.contiguous:
             return ContiguousAllocation(config.cluster.workers)
         sched = config.scheduler
-        confident = sched.order is LaiaOrder.confident
+        choices = {"confident": sched.order is LaiaOrder.confident, "cost": sched.scoring is LaiaScoring.cost,
+                   "full_set": self.sync is Sync.full_set, "threads": sched.threads,
+                   "swap_rounds": sched.swap_rounds, "lookahead": sched.lookahead}
         if sched.laia is LaiaVariant.adaptive:
             return AdaptiveLaiaAllocation(state, config.seed, cardinalities, score_tables=sched.score_tables,
-                                          budget_ms=sched.budget_ms, threads=sched.threads, confident=confident)
+                                          budget_ms=sched.budget_ms, **choices)
         chunks = sched.chunks if sched.laia is LaiaVariant.chunked else None
-        return LaiaAllocation(state, config.seed, chunks=chunks, threads=sched.threads, confident=confident)
+        return LaiaAllocation(state, config.seed, chunks=chunks, **choices)
 
 
 POLICIES = {

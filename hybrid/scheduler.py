@@ -130,6 +130,27 @@ class WorkerPlan:
     hot: Optional[HotShare] = None  # FAE mode, hot iterations
 
 
+class BatchStream:
+    """The batches in order; with ``look_ahead``, the one after the next is read early for the allocation."""
+
+    def __init__(self, batches: Iterable[np.ndarray], look_ahead: bool):
+        self._batches = iter(batches)
+        self._early: list = []
+        self.look_ahead = look_ahead
+
+    def next(self) -> Optional[np.ndarray]:
+        """The next batch, or None at the end."""
+        return self._early.pop() if self._early else next(self._batches, None)
+
+    def following(self) -> Optional[np.ndarray]:
+        """The batch after the one :meth:`next` returned last (None at the end, or when not looking ahead)."""
+        if not self.look_ahead:
+            return None
+        if not self._early:
+            self._early.append(next(self._batches, None))
+        return self._early[0]
+
+
 @dataclass
 class BatchPlan:
     """Iteration ``step``: the global allocation, counts and digest, and one worker's share."""
@@ -144,6 +165,7 @@ class BatchPlan:
     saved: Optional[dict] = None  # for a checkpoint: Scheduler.save_arrays() after this iteration
     dirty: Optional[tuple] = None  # for a checkpoint or an evaluation: (rows, slots) dirty at the worker after it
     fae: Optional[object] = None  # FAE: what happens before this iteration (hybrid.fae_scheduler.FaeStep)
+    per_worker: Optional[np.ndarray] = None  # transmissions of train + plan per worker (pulls, pushes, P2P in)
 
     @property
     def needed(self) -> int:
@@ -211,9 +233,10 @@ class Scheduler:
         """Per-table ids [B, tables] -> global row ids (tables back to back)."""
         return np.ascontiguousarray(sparse, dtype=np.int64) + self.table_offsets
 
-    def _allocate(self, sparse: np.ndarray, iteration: int) -> tuple[np.ndarray, np.ndarray]:
+    def _allocate(self, sparse: np.ndarray, iteration: int,
+                  following: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
         rows = self.global_rows(sparse)
-        alloc = self.policy.allocate(rows, iteration)
+        alloc = self.policy.allocate(rows, iteration, None if following is None else self.global_rows(following))
         self._timing["scoring"] = self.policy.timing["scoring"]
         self._timing["allocation"] = self.policy.timing["allocation"]
         return rows, alloc
@@ -287,12 +310,12 @@ class Scheduler:
         ``resume`` (from :meth:`save_arrays`) continues an earlier run: then
         ``batches`` start at the batch of its ``next_step``.
         """
-        iterator = iter(batches)
-        first = next(iterator, None)
+        stream = BatchStream(batches, self.policy.looks_ahead)
+        first = stream.next()
         if first is None:
             return
         if resume is None:
-            step, (rows, alloc) = start_step, self._allocate(first, start_step)
+            step, (rows, alloc) = start_step, self._allocate(first, start_step, stream.following())
         else:
             rows = self.global_rows(first)
             step, alloc = self._restore(resume, rows)
@@ -302,24 +325,27 @@ class Scheduler:
             timing = dict(self._timing)
             start = time.perf_counter()
             counts = self.state.train()
+            per_worker = self.state.worker_transmissions()
             digest = hashlib.sha256(alloc.tobytes())
             digest.update(int(self.state.event_digest).to_bytes(8, "little"))
             trained = self._trained()
             timing["state_update"] = time.perf_counter() - start
-            upcoming = next(iterator, None)
+            upcoming = stream.next()
             if upcoming is not None:
-                next_rows, next_alloc = self._allocate(upcoming, step + 1)
+                next_rows, next_alloc = self._allocate(upcoming, step + 1, stream.following())
             else:
                 next_rows = next_alloc = None
             start = time.perf_counter()
             planned = self.state.plan(next_rows, next_alloc)
+            per_worker += self.state.worker_transmissions()
             digest.update(int(self.state.event_digest).to_bytes(8, "little"))
             work = self._work(trained)
             timing["plan"] = time.perf_counter() - start
             counts = {k: counts[k] + planned[k] for k in KIND_NAMES} | dict.fromkeys(FAE_KINDS, 0)
             self._next = (step + 1, next_alloc)
             yield BatchPlan(step=step, allocation=alloc, counts=counts, timing=timing,
-                            digest=digest.hexdigest()[:16], work=work, snapshot=self._snapshot())
+                            digest=digest.hexdigest()[:16], work=work, snapshot=self._snapshot(),
+                            per_worker=per_worker)
             if upcoming is None:
                 return
             alloc = next_alloc

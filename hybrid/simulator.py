@@ -4,8 +4,9 @@ Runs the same scheduler and cluster state the training runtime uses over the
 store's global batches and counts what docs/design.md section 6 defines: pulls
 (rows read from the PS), pushes (rows written to the PS: Accumulate, Put of
 plan pushes and full-set pushes, eviction write-backs), p2p rows, and the
-fresh hit rate; HET's version checks (8-byte reads, not rows) and FAE's allreduced rows apart. The
-first ``warmup`` iterations are excluded, as in the paper.
+fresh hit rate; HET's version checks (8-byte reads, not rows) and FAE's allreduced rows apart; and
+``busiest``, the transmissions of each iteration's busiest worker, summed (the slowest worker sets the
+pace). The first ``warmup`` iterations are excluded, as in the paper.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class ModeCounts:
     allreduced: int = 0
     needed: int = 0
     fetched: int = 0  # needed rows that were not fresh in the cache (pulled or sent peer to peer)
+    busiest: int = 0  # per iteration, the transmissions of the worker with the most, summed
     by_kind: dict = field(default_factory=dict)
     sched_seconds: dict = field(default_factory=dict)
 
@@ -59,6 +61,7 @@ class ModeCounts:
         self.allreduced += sum(plan.counts[k] for k in ALLREDUCE_KINDS)
         self.needed += plan.needed
         self.fetched += plan.counts["pull"] + plan.counts["p2p"]
+        self.busiest += int(plan.per_worker.max()) if plan.per_worker is not None and len(plan.per_worker) else 0
         for kind, n in plan.counts.items():
             self.by_kind[kind] = self.by_kind.get(kind, 0) + n
         for stage, seconds in plan.timing.items():
@@ -67,7 +70,7 @@ class ModeCounts:
     def summary(self) -> dict:
         return {"pulls": self.pulls, "pushes": self.pushes, "p2p": self.p2p,
                 "transmissions": self.transmissions, "version_checks": self.version_checks,
-                "allreduced": self.allreduced, "hit_rate": round(self.hit_rate, 6),
+                "allreduced": self.allreduced, "busiest": self.busiest, "hit_rate": round(self.hit_rate, 6),
                 "sched_ms": round(self.sched_ms, 4), "iterations": self.iterations,
                 "by_kind": self.by_kind,
                 "sched_ms_by_stage": {k: round(1000 * v / max(1, self.iterations), 4)

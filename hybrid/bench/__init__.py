@@ -12,3 +12,20 @@ def case_overrides(case: str) -> list[str]:
     if not mode or bad:
         raise ValueError(f"benchmark case {case!r}: expected MODE or MODE+KEY=VALUE[+KEY=VALUE...]")
     return [f"scheduler.mode={mode}", *extra]
+
+
+def case_mode(case: str):
+    """The mode of a case and its extra settings: ``herald+scheduler.order=confident`` -> (herald, [...]).
+
+    The simulator takes the mode apart from the config, so the paper suites
+    need the two split; a mode that does not exist fails here, naming the modes.
+    """
+    from hybrid.config import Mode
+
+    mode_override, *extra = case_overrides(case)
+    name = mode_override.split("=", 1)[1]
+    try:
+        return Mode(name), extra
+    except ValueError:
+        raise ValueError(f"benchmark case {case!r}: mode {name!r} is not one of "
+                         f"{', '.join(m.value for m in Mode)}") from None

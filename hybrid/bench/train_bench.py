@@ -15,7 +15,6 @@ each the median over repeats of the ratio within a repeat.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import subprocess
@@ -69,7 +68,9 @@ def store_specs(config: Config, sizes, full_rows: int) -> dict[str, tuple[Path, 
     """
     if config.data.synthetic is None:
         raise ConfigError(f"{config.name}: data.synthetic is not set; bench train scales a synthetic workload")
-    smoke = dataclasses.asdict(config.data.synthetic)
+    spec = config.data.synthetic
+    smoke = {"like": spec.like, "rows": spec.rows, "scale": spec.scale, "seed": spec.seed,
+             "recurrence": spec.recurrence()}
     specs = {"smoke": (Path(config.data.path), smoke),
              "full": (Path(config.data.path).parent / f"{config.name}-full-{full_rows}",
                       {**smoke, "rows": full_rows, "scale": 1.0})}

@@ -14,6 +14,9 @@ import numpy as np
 from hybrid.counter_hash import hash3, stream_id
 
 RECURRENCE_BINS = ((1, 1), (2, 9), (10, 99), (100, 999), (1000, None))
+REUSE_QUANTILES = (10, 25, 50, 75, 90, 95, 99)
+REUSE_BATCHES = (1, 2, 4, 8)
+RECURRENCE_LOOKAHEAD = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,8 @@ class TableStats:
     reuse_median: float  # samples since the previous access of the same row (non-first accesses)
     reuse_p90: float
     reuse_within_batch: float  # share of non-first accesses within ``global_batch`` samples
+    reuse_within_batches: dict  # "k": share of non-first accesses within k global batches
+    batch_recurrence: dict  # "same" and "k": see batch_recurrence()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,6 +51,59 @@ def reuse_distances(ids: np.ndarray) -> np.ndarray:
     order = np.argsort(ids, kind="stable")
     same = ids[order][1:] == ids[order][:-1]
     return (order[1:] - order[:-1])[same]
+
+
+def reuse_quantiles(ids: np.ndarray, percents=REUSE_QUANTILES) -> dict:
+    """Percentiles of the reuse distance, keyed by percent (NaN when no row recurs)."""
+    distances = reuse_distances(ids)
+    if len(distances) == 0:
+        return {q: float("nan") for q in percents}
+    return dict(zip(percents, (float(v) for v in np.percentile(distances, percents))))
+
+
+def reuse_within_batches(ids: np.ndarray, batch: int, batches=REUSE_BATCHES) -> dict:
+    """Share of reuses within ``k`` global batches (``k * batch`` samples), keyed by ``k``.
+
+    The scale the scheduler sees: a row reused within a batch or two can still
+    be in a worker's cache or fresh on the worker that trained it.
+    """
+    return _within_batches(reuse_distances(ids), batch, batches)
+
+
+def _within_batches(distances: np.ndarray, batch: int, batches=REUSE_BATCHES) -> dict:
+    """:func:`reuse_within_batches` on reuse distances already measured."""
+    if len(distances) == 0:
+        return {k: 0.0 for k in batches}
+    return {k: float((distances <= k * batch).mean()) for k in batches}
+
+
+def batch_recurrence(ids: np.ndarray, batch: int, lookahead=RECURRENCE_LOOKAHEAD) -> dict:
+    """How a global batch's rows recur, averaged over the complete batches.
+
+    ``"same"``: share of a batch's accesses that repeat a row already accessed
+    in that batch (1 - distinct rows / batch). ``k``: share of a batch's
+    distinct rows that appear again in one of the next ``k`` batches. These
+    decide what location-aware allocation can keep local (a row trained by one
+    worker and needed again soon) and what any cache can reuse.
+    """
+    n_batches = len(ids) // batch
+    if n_batches == 0:
+        return {"same": float("nan"), **{k: float("nan") for k in lookahead}}
+    batch_of = np.repeat(np.arange(n_batches), batch)
+    pairs = np.unique(np.asarray(ids[: n_batches * batch], dtype=np.int64) * n_batches + batch_of)
+    rows, batches = pairs // n_batches, pairs % n_batches  # distinct (row, batch), sorted by row then batch
+    distinct = np.bincount(batches, minlength=n_batches)
+    result = {"same": float(1 - distinct.mean() / batch)}
+    same_row = rows[1:] == rows[:-1]
+    gap = np.where(same_row, batches[1:] - batches[:-1], np.iinfo(np.int64).max)  # to the row's next batch
+    for k in lookahead:
+        if n_batches <= k:
+            result[k] = float("nan")
+            continue
+        counted = batches[:-1] < n_batches - k  # batches with k complete batches after them
+        recur = np.bincount(batches[:-1][counted & (gap <= k)], minlength=n_batches)[: n_batches - k]
+        result[k] = float((recur / distinct[: n_batches - k]).mean())
+    return result
 
 
 def recurrence_shares(counts: np.ndarray) -> dict:
@@ -72,6 +130,8 @@ def table_stats(name: str, ids: np.ndarray, cardinality: int, global_batch: int)
         reuse_median=float(np.median(distances)) if len(distances) else float("nan"),
         reuse_p90=float(np.percentile(distances, 90)) if len(distances) else float("nan"),
         reuse_within_batch=float((distances <= global_batch).mean()) if len(distances) else 0.0,
+        reuse_within_batches={str(k): v for k, v in _within_batches(distances, global_batch).items()},
+        batch_recurrence={str(k): v for k, v in batch_recurrence(ids, global_batch).items()},
     )
 
 

@@ -47,7 +47,10 @@ def test_bsp_modes_equal_the_single_process_reference(store_path, mode, model, n
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["vanilla", "herald", "herald+scheduler.order=confident", "het"])
+@pytest.mark.parametrize("mode", ["vanilla", "herald", "herald+scheduler.order=confident",
+                                  "herald+scheduler.scoring=cost+scheduler.order=confident",
+                                  "herald+scheduler.scoring=cost+scheduler.swap_rounds=2+scheduler.lookahead=true",
+                                  "laia+scheduler.scoring=cost", "het"])
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
 @pytest.mark.parametrize("transport", ["rma", "packed"])
 def test_exact_under_heavy_cache_churn(store_path, mode, overlap, transport):

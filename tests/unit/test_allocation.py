@@ -236,11 +236,13 @@ def test_when_capacity_allows_every_order_gives_each_sample_a_best_worker():
         laia.allocate_exact(scores=scores, capacity=capacity, seed=1, iteration=0, order=[0, 0, 1, 2])
 
 
-def test_the_confident_order_allocates_alike_on_any_thread_count():
+@pytest.mark.parametrize("choice", [{"confident": True}, {"cost": True}, {"cost": True, "confident": True},
+                                    {"cost": True, "confident": True, "swap_rounds": 2}])
+def test_the_new_orders_allocate_alike_on_any_thread_count(choice):
     allocations = []
     for threads in (1, 2):
         state = ClusterState(n_workers=4, n_rows=60, capacity=20, full_set=False, max_pairs=48)
-        policy = LaiaAllocation(state, 9, threads=threads, confident=True)
+        policy = LaiaAllocation(state, 9, threads=threads, **choice)
         run = []
         for t in range(20):
             rows = (np.random.default_rng(t).integers(0, 20, size=(16, 3)) + [0, 20, 40]).astype(np.int64)
@@ -250,6 +252,172 @@ def test_the_confident_order_allocates_alike_on_any_thread_count():
             run.append(alloc)
         allocations.append(np.stack(run))
     assert np.array_equal(*allocations)
+
+
+def _reference_cost_allocation(holders, rows, capacity, seed, iteration, order, full_set):
+    """``laia.allocate_cost`` in plain Python, as its docstring states it (COMMON = 2, ties to the least loaded)."""
+    n_workers = holders.shape[1] - 1
+    seen = {r: (rows == r).sum() for r in np.unique(rows)}
+    trains = {r: set() for r in seen}
+    missing = dict.fromkeys(seen, 0)
+    remaining = list(capacity)
+    load = [0] * n_workers  # cost placed on each worker so far: ties go to the least loaded
+    stream = (iteration * 0x100000001B3 + 0x7A1E) % 2**64
+    alloc = np.full(len(rows), -1, dtype=np.int32)
+
+    def cost(r, w):
+        if seen[r] >= 2 * n_workers or w in trains[r]:
+            return 0
+        if holders[r, w + 1]:
+            return int(full_set)
+        only_on_a_worker = holders[r].sum() == 1 and not holders[r, 0]
+        return 1 + int(full_set) + int(only_on_a_worker and missing[r] == 0)
+
+    for i in (range(len(rows)) if order is None else order):
+        costs = {w: sum(cost(r, w) for r in rows[i]) for w in range(n_workers) if remaining[w] > 0}
+        cheapest = [w for w, c in costs.items() if c == min(costs.values())]
+        tied = [w for w in cheapest if load[w] == min(load[v] for v in cheapest)]
+        w = tied[int(hash3(seed, stream, int(i))) % len(tied)]
+        load[w] += costs[w]
+        for r in rows[i]:
+            if w not in trains[r]:
+                trains[r].add(w)
+                missing[r] += not holders[r, w + 1]
+        remaining[w] -= 1
+        alloc[i] = w
+    return alloc
+
+
+@settings(max_examples=150, deadline=None)
+@given(scored_batches(), st.booleans(), st.booleans())
+def test_cost_scoring_places_each_sample_where_it_adds_the_fewest_reads(case, confident, full_set):
+    n_workers, n_rows, seed, history, allocs, rows = case
+    state = _state_with_history(n_workers, n_rows, [h.astype(np.int64) for h in history], allocs, rows.size)
+    policy = LaiaAllocation(state, seed, cost=True, confident=confident, full_set=full_set)
+    alloc = policy.allocate(rows, iteration=4)
+    order = margin_order(policy._scores) if confident else None
+    expected = _reference_cost_allocation(state.holder_sets(), rows, capacities(len(rows), n_workers), seed, 4,
+                                          order, full_set)
+    assert np.array_equal(alloc, expected)
+    assert np.array_equal(np.bincount(alloc, minlength=n_workers), capacities(len(rows), n_workers))
+
+
+def _batch_reads(holders, rows, alloc, full_set):
+    """The cost model's reads of a whole allocation: per row (in under 2n samples) its pulls, the owner's plan
+    push if anyone pulls, and with ``full_set`` one push per trainer."""
+    n_workers = holders.shape[1] - 1
+    total = 0
+    for r in np.unique(rows):
+        if (rows == r).sum() >= 2 * n_workers:
+            continue
+        trainers = set(alloc[(rows == r).any(axis=1)].tolist())
+        pulls = sum(not holders[r, w + 1] for w in trainers)
+        dirty = holders[r].sum() == 1 and not holders[r, 0]
+        total += pulls + int(dirty and pulls > 0) + int(full_set) * len(trainers)
+    return total
+
+
+@settings(max_examples=150, deadline=None)
+@given(scored_batches(), st.booleans(), st.integers(1, 3))
+def test_the_swap_pass_only_makes_exchanges_that_lower_the_batch_s_reads(case, full_set, rounds):
+    n_workers, n_rows, seed, history, allocs, rows = case
+    state = _state_with_history(n_workers, n_rows, [h.astype(np.int64) for h in history], allocs, rows.size)
+    greedy = LaiaAllocation(state, seed, cost=True, full_set=full_set).allocate(rows, 2)
+    swapped = LaiaAllocation(state, seed, cost=True, full_set=full_set, swap_rounds=rounds).allocate(rows, 2)
+    holders = state.holder_sets()
+    assert np.array_equal(np.bincount(swapped, minlength=n_workers), capacities(len(rows), n_workers))
+    moved = np.flatnonzero(greedy != swapped)
+    assert rounds > 1 or len(moved) % 2 == 0  # one round: pairs exchange; later rounds may move a sample on
+    if len(moved):
+        assert _batch_reads(holders, rows, swapped, full_set) < _batch_reads(holders, rows, greedy, full_set)
+    again = LaiaAllocation(state, seed, cost=True, full_set=full_set, swap_rounds=rounds).allocate(rows, 2)
+    assert np.array_equal(swapped, again)
+
+
+def test_the_swap_pass_exchanges_two_samples_the_greedy_order_misplaced():
+    state = ClusterState(n_workers=2, n_rows=20, capacity=20, full_set=False, max_pairs=8)
+    rows = np.array([[5], [6], [5], [6]], dtype=np.int64)  # nothing fresh: the greedy ties, then follows
+    alloc = LaiaAllocation(state, seed=0, cost=True).allocate(rows, 0)
+    swapped = LaiaAllocation(state, seed=0, cost=True, swap_rounds=1).allocate(rows, 0)
+    assert _batch_reads(state.holder_sets(), rows, swapped, False) == 2  # each row read by one worker
+    assert _batch_reads(state.holder_sets(), rows, alloc, False) >= 2
+    with pytest.raises(ValueError, match="cost=True"):
+        LaiaAllocation(state, seed=0, swap_rounds=1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(scored_batches(), st.booleans())
+def test_the_look_ahead_prices_the_next_batch_on_the_state_this_placement_leaves(case, full_set):
+    n_workers, n_rows, seed, history, allocs, rows = case
+    history = [h.astype(np.int64) for h in history]
+    state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=n_rows, full_set=full_set,
+                         max_pairs=rows.size)  # no evictions: the look-ahead ignores them
+    for h, a in zip(history, allocs):
+        state.plan(h, a)
+        state.train()
+    upcoming = np.roll(rows, 1, axis=0)
+    tables = np.arange(rows.shape[1], dtype=np.int32)
+    alloc = LaiaAllocation(state, seed, cost=True, full_set=full_set).allocate(rows, 3)
+    priced = laia.lookahead_cost(holders=state.holder_words(), words=state.words, n_workers=n_workers, rows=rows,
+                                 alloc=alloc, rows_next=upcoming, tables=tables,
+                                 capacity_next=capacities(len(upcoming), n_workers), seed=seed, iteration_next=4,
+                                 full_set=full_set)
+    before = _batch_reads(state.holder_sets(), rows, alloc, full_set)
+    state.plan(rows, alloc)
+    state.train()
+    following = LaiaAllocation(state, seed, cost=True, full_set=full_set).allocate(upcoming, 4)
+    assert priced == before + _batch_reads(state.holder_sets(), upcoming, following, full_set)
+
+
+def test_looking_ahead_keeps_the_order_whose_pair_of_batches_reads_less():
+    state = ClusterState(n_workers=3, n_rows=90, capacity=30, full_set=False, max_pairs=64)
+    policy = LaiaAllocation(state, 5, cost=True, confident=True, lookahead=True)
+    rng = np.random.default_rng(1)
+    batches = [(rng.integers(0, 30, size=(12, 3)) + [0, 30, 60]).astype(np.int64) for _ in range(20)]
+    chose_other = 0
+    for t in range(len(batches) - 1):
+        rows, upcoming = batches[t], batches[t + 1]
+        alloc = policy.allocate(rows, t, upcoming)
+        orders = {"confident": margin_order(policy._scores), "arrival": None}
+        candidates = {name: laia.allocate_cost(holders=state.holder_words(), words=state.words, n_workers=3,
+                                               rows=rows, tables=np.arange(3, dtype=np.int32),
+                                               capacity=capacities(12, 3), seed=5, iteration=t, order=order)
+                      for name, order in orders.items()}
+        priced = {name: laia.lookahead_cost(holders=state.holder_words(), words=state.words, n_workers=3,
+                                            rows=rows, alloc=a, rows_next=upcoming,
+                                            tables=np.arange(3, dtype=np.int32), capacity_next=capacities(12, 3),
+                                            seed=5, iteration_next=t + 1) for name, a in candidates.items()}
+        best = "confident" if priced["confident"] <= priced["arrival"] else "arrival"
+        assert np.array_equal(alloc, candidates[best])
+        chose_other += best == "arrival" and not np.array_equal(candidates["arrival"], candidates["confident"])
+        assert np.array_equal(policy.allocate(rows, t), candidates["confident"])  # without the next batch
+        state.plan(rows, alloc)
+        state.train()
+    assert chose_other > 0, "the test must see the look-ahead overrule the configured order"
+
+
+def test_the_scheduler_hands_the_allocation_the_batch_after_next_only_when_it_looks_ahead():
+    from hybrid.scheduler import BatchStream
+    batches = [np.full((2, 1), k) for k in range(3)]
+    stream = BatchStream(batches, look_ahead=True)
+    seen = []
+    while (batch := stream.next()) is not None:
+        following = stream.following()
+        seen.append((int(batch[0, 0]), None if following is None else int(following[0, 0])))
+    assert seen == [(0, 1), (1, 2), (2, None)]
+    plain = BatchStream(batches, look_ahead=False)
+    assert int(plain.next()[0, 0]) == 0 and plain.following() is None and int(plain.next()[0, 0]) == 1
+
+
+def test_cost_scoring_keeps_a_batch_s_rare_rows_together_and_follows_dirty_rows():
+    state = ClusterState(n_workers=2, n_rows=20, capacity=20, full_set=False, max_pairs=8)
+    state.plan(np.array([[1], [2]], dtype=np.int64), np.array([0, 1], dtype=np.int32))
+    state.train()  # row 1 dirty on worker 0, row 2 on worker 1
+    rows = np.array([[7, 1], [7, 3], [8, 2], [8, 4]], dtype=np.int64)
+    alloc = LaiaAllocation(state, seed=0, cost=True).allocate(rows, 1)
+    assert alloc.tolist() == [0, 0, 1, 1]  # rows 7 and 8 each read once, rows 1 and 2 never
+    with pytest.raises(ValueError, match="unchunked"):
+        LaiaAllocation(state, seed=0, cost=True, chunks=2)
 
 
 def test_contiguous_allocation_gives_consecutive_shards():

@@ -3,27 +3,149 @@ import json
 
 import pytest
 
-from hybrid.bench import case_overrides, quality_bench, scheduler_bench
+from hybrid.bench import (cache_size_bench, case_mode, case_overrides, quality_bench, result_files,
+                          results_report, scale_bench, scheduler_bench, simulated)
 from hybrid.cli import main
+from hybrid.config import Mode, load_config
+from hybrid.data.store import BatchStore
+from hybrid.simulator import simulate_mode
+
+TINY = """name: tiny
+data:
+  path: {store}
+  synthetic: {{like: criteo-kaggle, rows: 3000, scale: 0.001, seed: 1}}
+  test_fraction: 0.1
+cluster: {{workers: 2, ps: 1}}
+train: {{batch_per_worker: 16}}
+cache: {{ratio: 0.1}}
+scheduler: {{mode: herald, warmup_iterations: 2}}
+"""
 
 
-def test_scheduler_bench_reports_every_stage(capsys):
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory):
+    """A workload config whose store (3,000 Criteo-like samples) the first suite that needs it makes."""
+    root = tmp_path_factory.mktemp("tiny")
+    path = root / "tiny.yaml"
+    path.write_text(TINY.format(store=root / "store"))
+    return path
+
+
+def _is_png(path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _direct(config_path, overrides, case, iterations):
+    """What ``hybrid.simulator.simulate_mode`` counts for one case, without the suites."""
+    mode, extra = case_mode(case)
+    config = load_config(config_path, [*overrides, *extra])
+    store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
+    return simulate_mode(config, store, mode, iterations)
+
+
+def test_transmissions_suite_counts_what_the_simulator_counts(tiny_config, tmp_path, capsys):
+    """JSON alone on stdout, the same document in results/, a PNG, and the simulator's own numbers."""
+    cases = "vanilla,herald+scheduler.order=confident"
+    assert main(["bench", "transmissions", "--workloads", str(tiny_config), "--modes", cases, "--iterations", "12",
+                 "--out", str(tmp_path), "--json", "cluster.workers=2"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document == json.loads((tmp_path / "transmissions.json").read_text())
+    assert _is_png(tmp_path / "transmissions.png")
+    assert document["command"] == ("hybrid bench transmissions --workloads " + str(tiny_config) + " --modes "
+                                   + cases + " --iterations 12 --out " + str(tmp_path) + " --json cluster.workers=2")
+    assert set(document["machine"]) == {"platform", "cpu", "cpus", "python", "numpy"}
+    counted = document["result"]["workloads"]["tiny"]["cases"]
+    setting = ["cluster.workers=8", "cache.ratio=0.1", "cluster.workers=2"]
+    vanilla = _direct(tiny_config, setting, "vanilla", 12)
+    confident = _direct(tiny_config, setting, "herald+scheduler.order=confident", 12)
+    got = counted["herald+scheduler.order=confident"]
+    assert (got["pulls"], got["pushes"], got["iterations"]) == (confident.pulls, confident.pushes, 10)
+    assert got["normalized"]["transmissions"] == round(confident.transmissions / vanilla.transmissions, 4) < 1
+
+
+def test_cache_size_suite_normalizes_to_vanilla_at_each_ratio(tiny_config, tmp_path):
+    kwargs = {"workloads": (str(tiny_config),), "ratios": (0.05, 0.2), "iterations": 12,
+              "overrides": ["cluster.workers=2"]}
+    document = result_files.run_suite(cache_size_bench, kwargs, out=tmp_path, command="test", say=lambda text: None)
+    assert json.loads((tmp_path / "cache-size.json").read_text()) == document and _is_png(tmp_path / "cache-size.png")
+    setting = ["cluster.workers=8", "cache.ratio=0.1", "cluster.workers=2", "cache.ratio=0.05"]
+    herald, vanilla = (_direct(tiny_config, setting, case, 12) for case in ("herald", "vanilla"))
+    got = document["result"]["workloads"]["tiny"]["0.05"]["cases"]["herald"]
+    assert got["transmissions"] == herald.transmissions
+    assert got["normalized"]["transmissions"] == round(herald.transmissions / vanilla.transmissions, 4)
+
+
+def test_scale_suite_compares_adaptive_with_static_laia(tiny_config, tmp_path):
+    kwargs = {"workers": (2, 4), "score_tables": (1,), "iterations": 10,
+              "workload": simulated.Workload("tiny", str(tiny_config))}
+    document = result_files.run_suite(scale_bench, kwargs, out=tmp_path, command="test", say=lambda text: None)
+    assert _is_png(tmp_path / "scale.png") and "figure only" in scale_bench.markdown(document)
+    point = document["result"]["points"][1]
+    setting = ["cluster.workers=4", "cache.ratio=0.1"]
+    static = _direct(tiny_config, setting, "herald", 10)
+    adaptive = _direct(tiny_config, setting, scale_bench.adaptive_case(1), 10)
+    assert (point["workers"], point["static_transmissions"]) == (4, static.transmissions)
+    assert point["adaptive"]["1"] == {**point["adaptive"]["1"], "tables_scored": 1,
+                                      "transmissions": adaptive.transmissions,
+                                      "over_static": round(adaptive.transmissions / static.transmissions, 4)}
+
+
+def test_bench_all_writes_every_suite_and_the_readme_section_once(tiny_config, tmp_path, capsys):
+    """``hybrid bench all`` on tiny settings; the report touches only the marked section and is idempotent."""
+    readme = tmp_path / "README.md"
+    before, after = "# title\n\n## Results\n\n", "\n\n## Benchmarks\n\nkept as it is\n"
+    readme.write_text(before + results_report.BEGIN + "\nold text\n" + results_report.END + after)
+    out = tmp_path / "results"
+    assert main(["bench", "all", "--workloads", str(tiny_config), "--workers", "2", "--score-tables", "1",
+                 "--ratios", "0.1", "--iterations", "6", "--threads", "1", "--laia", "exact", "--scale", "0.001",
+                 "--batch-per-worker", "8", "--repeats", "1", "--out", str(out), "--readme", str(readme), "--json",
+                 "cluster.workers=2"]) == 0
+    documents = json.loads(capsys.readouterr().out)
+    assert list(documents) == [*results_report.SUITES, "report"] and documents["report"]["changed"]
+    for name in results_report.SUITES:
+        assert documents[name] == json.loads((out / f"{name}.json").read_text()) and _is_png(out / f"{name}.png")
+    text = readme.read_text()
+    assert text.startswith(before + results_report.BEGIN) and text.endswith(results_report.END + after)
+    assert "old text" not in text and "](results/transmissions.png)" in text
+    assert text.count("hybrid bench all --workloads") == len(results_report.SUITES)
+    assert "| herald | " in text and "0.65 (0.46 / 0.83)" in text  # ours beside the paper's Table 2
+    assert main(["bench", "report", "--out", str(out), "--readme", str(readme)]) == 0
+    assert readme.read_text() == text
+
+
+def test_report_refuses_a_readme_without_markers(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+    assert main(["bench", "report", "--out", str(tmp_path), "--readme", str(readme)]) == 1
+    assert "marker" in capsys.readouterr().err and readme.read_text() == "# no markers\n"
+
+
+def test_scheduler_bench_reports_every_stage_as_medians(capsys, tmp_path):
     assert main(["bench", "scheduler", "--workers", "2", "--threads", "1", "--iterations", "3",
-                 "--batch-per-worker", "8", "--scale", "0.001", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert [(r["workers"], r["laia"]) for r in rows] == [(2, "exact"), (2, "chunked")]
+                 "--batch-per-worker", "8", "--scale", "0.001", "--repeats", "2", "--out", str(tmp_path),
+                 "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)  # stdout is the JSON alone
+    assert document == json.loads((tmp_path / "scheduler.json").read_text())
+    assert document["repeats"].startswith("2 runs per case") and _is_png(tmp_path / "scheduler.png")
+    rows = document["result"]["rows"]
+    assert [(r["workers"], r["laia"]) for r in rows] == [(2, "exact"), (2, "chunked"), (2, "cost")]
     for row in rows:
         stages = [row[f"{s}_ms"] for s in scheduler_bench.STAGES]
-        assert all(ms > 0 for ms in stages)
+        assert all(ms > 0 for ms in stages) and len(row["total_runs_ms"]) == 2
         assert abs(row["total_ms"] - sum(stages)) < 1e-3
 
 
-def test_quality_is_brute_force_over_policy_transmissions():
-    result = quality_bench.run(workers=3, iterations=12)
-    for name in ("laia", "laia-confident", "random"):
-        r = result[name]
-        assert 0 < r["brute_force"] <= r["transmissions"]
-        assert r["quality"] == round(r["brute_force"] / r["transmissions"], 4)
+def test_quality_is_brute_force_over_policy_transmissions_after_the_warm_up():
+    result = quality_bench.run(workers=(2, 3), iterations=8, warmup=2)
+    assert [p["workers"] for p in result["points"]] == [2, 3]
+    for point in result["points"]:
+        assert point["iterations"] == 8 and point["warmup"] == 2
+        for name in ("laia", "laia-confident", "random"):
+            r = point[name]
+            assert 0 < r["brute_force"] <= r["transmissions"]
+            assert r["quality"] == round(r["brute_force"] / r["transmissions"], 4)
+    assert result["points"][1] == {**quality_bench.measure(workers=3, iterations=8, warmup=2),
+                                   "seconds": result["points"][1]["seconds"]}
 
 
 def test_train_bench_runs_each_case_under_mpi_and_pairs_the_ratios(tmp_path):
@@ -56,6 +178,9 @@ cache: {{ratio: 0.05}}
 
 def test_a_case_is_a_mode_with_optional_settings():
     assert case_overrides("herald") == ["scheduler.mode=herald"]
+    assert case_mode("het+scheduler.staleness=100") == (Mode.het, ["scheduler.staleness=100"])
+    with pytest.raises(ValueError, match="not one of"):
+        case_mode("fast")
     assert case_overrides("herald+train.deterministic=true+cache.ratio=0.2") == \
         ["scheduler.mode=herald", "train.deterministic=true", "cache.ratio=0.2"]
     for bad in ("", "+train.deterministic=true", "herald+deterministic"):

@@ -26,7 +26,9 @@ def _digests(config, store, iterations, worker=0):
     ["scheduler.mode=vanilla"],
     ["scheduler.mode=herald", "scheduler.laia=chunked"],
     ["scheduler.mode=herald", "scheduler.laia=adaptive", "scheduler.score_tables=6", "scheduler.sync=p2p"],
-], ids=["vanilla", "herald-chunked", "herald-adaptive-p2p"])
+    ["scheduler.mode=herald", "scheduler.scoring=cost", "scheduler.order=confident", "scheduler.swap_rounds=2",
+     "scheduler.lookahead=true"],
+], ids=["vanilla", "herald-chunked", "herald-adaptive-p2p", "herald-cost-swap-lookahead"])
 def test_independent_schedulers_agree_for_1000_iterations(criteo_like, settings):
     store = BatchStore(criteo_like)
     one = _config(criteo_like, *settings, "scheduler.threads=1")
@@ -36,6 +38,21 @@ def test_independent_schedulers_agree_for_1000_iterations(criteo_like, settings)
     assert first == second  # whatever the thread count, and whichever worker the scheduler serves
     other_seed = _digests(_config(criteo_like, *settings, "seed=4"), store, 20)
     assert other_seed != first[:20]
+
+
+def test_a_scheduler_that_looks_ahead_resumes_to_the_uninterrupted_plans(criteo_like):
+    store = BatchStore(criteo_like)
+    config = _config(criteo_like, "scheduler.mode=herald", "scheduler.scoring=cost", "scheduler.lookahead=true")
+    batches = [b.sparse for _, b in zip(range(40), store.batches(config.global_batch))]
+    whole = [plan.digest for plan in Scheduler.from_config(config, cardinalities=store.cardinalities).plans(batches)]
+    first = Scheduler.from_config(config, cardinalities=store.cardinalities)
+    for plan in first.plans(batches):
+        if plan.step == 19:
+            saved = first.save_arrays()
+            break
+    resumed = Scheduler.from_config(config, cardinalities=store.cardinalities)
+    assert [plan.digest for plan in resumed.plans(batches[20:], resume=saved)] == whole[20:]
+    assert len(whole) == 40
 
 
 def test_plans_carry_each_workers_executable_share(criteo_like):
