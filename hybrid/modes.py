@@ -129,5 +129,23 @@ POLICIES = {
 }
 
 
+def run_label(config: Config) -> str:
+    """The mode and, for LAIA modes, the allocation settings that differ from the paper's: ``herald+cost+confident``.
+
+    Runs of one mode with different allocations are told apart by it in
+    summaries and ``hybrid compare``.
+    """
+    sched = config.scheduler
+    parts = [sched.mode.value]
+    if policy_for(sched.mode).allocation is Allocation.laia:
+        parts += [name for name, used in (
+            (sched.laia.value, sched.laia is not LaiaVariant.exact), ("cost", sched.scoring is LaiaScoring.cost),
+            ("confident", sched.order is LaiaOrder.confident), (f"swap{sched.swap_rounds}", sched.swap_rounds > 0),
+            ("lookahead", sched.lookahead)) if used]
+    if sched.sync is SyncMode.p2p:
+        parts.append("p2p")
+    return "+".join(parts)
+
+
 def policy_for(mode: Mode) -> ModePolicy:
     return POLICIES[mode]

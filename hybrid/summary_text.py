@@ -17,7 +17,8 @@ def format_summary(summary: dict) -> str:
         apart += f"; {summary['version_checks']['rows']} version checks"
     if summary.get("allreduced_rows"):
         apart += f"; {summary['allreduced_rows']} hot rows allreduced"
-    return (f"{summary['config']} {summary['mode']}: {summary['workers']} workers + {summary['ps']} PS, "
+    return (f"{summary['config']} {summary.get('label', summary['mode'])}: {summary['workers']} workers + "
+            f"{summary['ps']} PS, "
             f"{summary['iterations']} iterations, {summary['throughput']:.0f} samples/s; "
             f"transmissions {t['rows']} rows (pull {t['pull_rows']}, push {t['push_rows']}{p2p}){apart}, "
             f"hit rate {summary['hit_rate']:.1%}; train loss {summary['train_loss']:.4f}, {tested}")
@@ -55,14 +56,15 @@ def format_breakdown(summary: dict) -> str:
 
 def compare_summaries(summaries: list[dict]) -> str:
     """Per config, each run against the first: throughput ratio, transmissions cut, test AUC."""
-    lines = [f"{'config':<12}{'mode':<9}{'samples/s':>10}{'speed':>7}{'rows moved':>12}{'cut':>8}{'hit':>7}"
+    width = max([9, *(len(s.get("label", s["mode"])) + 1 for s in summaries)])
+    lines = [f"{'config':<12}{'mode':<{width}}{'samples/s':>10}{'speed':>7}{'rows moved':>12}{'cut':>8}{'hit':>7}"
              f"{'test AUC':>10}"]
     first: dict = {}
     for s in summaries:
         base = first.setdefault(s["config"], s)
         rows, base_rows = s["transmissions"]["rows"], base["transmissions"]["rows"]
         auc = (s["evaluation"] or {}).get("auc", float("nan"))
-        lines.append(f"{s['config']:<12}{s['mode']:<9}{s['throughput']:>10.0f}"
+        lines.append(f"{s['config']:<12}{s.get('label', s['mode']):<{width}}{s['throughput']:>10.0f}"
                      f"{s['throughput'] / base['throughput']:>6.2f}x{rows:>12}"
                      f"{(1 - rows / base_rows if base_rows else 0.0):>8.1%}{s['hit_rate']:>7.1%}{auc:>10.4f}")
     return "\n".join(lines)

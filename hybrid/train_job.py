@@ -26,6 +26,7 @@ from hybrid.comm import check_agreement, split_roles
 from hybrid.config import Config, flatten
 from hybrid.data.store import BatchStore, StoreError
 from hybrid.link_counters import difference, link_bytes
+from hybrid.modes import run_label
 from hybrid.preemption import StopRequest
 from hybrid.scheduler import Scheduler
 from hybrid.trainer import STAGES, HybridTrainer
@@ -181,7 +182,8 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
     training = seconds - trainer.run.paused_seconds  # throughput leaves out checkpoints and evaluations
     shard_rows = trainer.table.ranges.shard_rows
     return {
-        "config": config.name, "mode": config.scheduler.mode.value, "workers": config.cluster.workers,
+        "config": config.name, "mode": config.scheduler.mode.value, "label": run_label(config),
+        "workers": config.cluster.workers,
         "ps": config.cluster.ps, "model": config.model.name.value, "iterations": len(log), "samples": samples,
         "seconds": round(seconds, 3), "paused_seconds": round(trainer.run.paused_seconds, 3),
         "throughput": round(samples / training, 1) if training > 0 else 0.0,

@@ -77,6 +77,21 @@ def test_compare_puts_modes_side_by_side_against_the_first_per_config(tmp_path, 
     assert lines[3].split()[3:6] == ["1.00x", "10", "0.0%"]
     assert main(["compare", str(tmp_path / "missing.json")]) == 1
     assert "not a training summary" in capsys.readouterr().err
+    labelled = tmp_path / "labelled.json"
+    labelled.write_text(json.dumps({**summary("a", "herald", 150.0, 300, 0.7), "label": "herald+cost+confident"}))
+    assert main(["compare", str(files[0]), str(labelled)]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split()[:2] == ["a", "herald+cost+confident"]
+
+
+def test_a_run_is_labelled_by_its_mode_and_the_allocation_settings_that_differ_from_the_paper():
+    from hybrid.config import load_config
+    from hybrid.modes import run_label
+
+    assert run_label(load_config(None, ["scheduler.mode=herald"])) == "herald"
+    assert run_label(load_config(None, ["scheduler.mode=herald", "scheduler.scoring=cost", "scheduler.order=confident",
+                                        "scheduler.swap_rounds=2", "scheduler.sync=p2p"])) == \
+        "herald+cost+confident+swap2+p2p"
+    assert run_label(load_config(None, ["scheduler.mode=vanilla", "scheduler.order=confident"])) == "vanilla"
 
 
 def test_sigterm_while_writing_a_store_leaves_nothing_behind(tmp_path):
