@@ -21,6 +21,7 @@ from hybrid.config import ConfigError, load_config
 from hybrid.data.formats import FORMAT_NAMES, FormatError
 from hybrid.data.store import StoreError
 from hybrid.data.synthetic import PROFILES
+from hybrid.shard_planners import PLANNERS
 
 EXIT_FAILURE = 1
 
@@ -176,6 +177,43 @@ def cmd_config(args) -> int:
         return 0
     print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
     print(f"# digest {config.digest()}")
+    return 0
+
+
+def cmd_plan_shards(args) -> int:
+    """Write a shard plan (which PS rank holds each row) for a workload; training loads it (cluster.shard_plan)."""
+    import itertools
+
+    import numpy as np
+
+    from hybrid.data.store import BatchStore
+    from hybrid.shard_planners import make_plan, shard_load
+
+    config = load_config(args.config, args.overrides)
+    store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
+    row_bytes = config.model.embedding_dim * (8 if config.model.precision.value == "float64" else 4)
+    cap_rows = int(args.memory_cap_mb * 2**20 // row_bytes) if args.memory_cap_mb else None
+    plan = make_plan(args.planner, store.cardinalities, config.cluster.ps, dim=config.model.embedding_dim,
+                     cap_rows=cap_rows, seed=config.seed)
+    out = Path(args.out or f"plans/{config.name}-{args.planner}-{config.cluster.ps}ps.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plan.save(out)
+    batches = (b.sparse.astype(np.int64) + store.table_offsets
+               for b in itertools.islice(store.batches(config.global_batch), args.batches))
+    load = shard_load(plan, batches)
+    result = {"plan": str(out), "planner": args.planner, "fingerprint": plan.fingerprint,
+              "rows_per_rank": plan.sizes.tolist(), "mb_per_rank": [round(r * row_bytes / 2**20, 3) for r in plan.sizes],
+              "rows_served_per_batch": [round(x, 1) for x in load.tolist()],
+              "busiest_over_mean": round(float(load.max() / load.mean()), 4) if load.mean() else 0.0}
+    text = _text_out(args)
+    print(f"{config.name}: {args.planner} plan for {config.cluster.ps} PS ranks -> {out} (cluster.shard_plan={out})",
+          file=text)
+    for rank, (rows, served) in enumerate(zip(plan.sizes, load)):
+        print(f"  PS rank {rank}: {rows} rows ({rows * row_bytes / 2**20:.2f} MB), {served:.1f} distinct rows "
+              f"served per global batch", file=text)
+    print(f"  busiest rank / mean: {result['busiest_over_mean']:.3f} (over {args.batches} global batches)", file=text)
+    if args.json:
+        print(json.dumps(result))
     return 0
 
 
@@ -357,9 +395,33 @@ def cmd_bench_suites(args) -> int:
 PAPER_SUITES = ("transmissions", "cache-size", "scale", "quality", "scheduler", "report", "all", "paper")
 
 
+def cmd_bench_sharding(args) -> int:
+    """``hybrid bench sharding`` (under mpirun): every planner's plan timed through the real store."""
+    from hybrid.bench import sharding_bench
+    from hybrid.bench.result_files import command_line, header, machine, save
+
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    start = time.perf_counter()
+    result = sharding_bench.run(iterations=args.iterations or 30, say=say)
+    if result is None:  # not the worker rank
+        return 0
+    document = {"suite": sharding_bench.NAME, "command": command_line(args.argv), "machine": machine(),
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "repeats": f"median of {result['iterations'] - 1} iterations per rank",
+                "seconds": round(time.perf_counter() - start, 1), "result": result}
+    save(Path(args.out) / sharding_bench.NAME, document, sharding_bench.plot)
+    print(header(document), file=_text_out(args))
+    print(sharding_bench.format_table(result), file=_text_out(args))
+    if args.json:
+        print(json.dumps(document))
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.name in PAPER_SUITES:
         return cmd_bench_suites(args)
+    if args.name == "sharding":
+        return cmd_bench_sharding(args)
     if args.name == "e2e":
         return cmd_bench_e2e(args)
     if args.name == "train":
@@ -485,6 +547,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*")
     p.set_defaults(func=cmd_config)
 
+    p = sub.add_parser("plan-shards", help="which PS rank holds each row: write a plan that training loads "
+                                            "(cluster.shard_plan=PATH)")
+    p.add_argument("config")
+    p.add_argument("--planner", default="round-robin", choices=list(PLANNERS),
+                   help="table-wise baselines or row-wise plans (default: %(default)s)")
+    p.add_argument("--memory-cap-mb", type=float, default=0.0, help="rows per PS rank at most (0: no cap)")
+    p.add_argument("--batches", type=int, default=50, help="global batches the per-rank load is measured on")
+    p.add_argument("--out", default=None, help="plan file (default plans/CONFIG-PLANNER-Nps.json)")
+    p.add_argument("--json", action="store_true", help="print only the result as JSON on stdout")
+    p.add_argument("overrides", nargs="*", help="config overrides key=value")
+    p.set_defaults(func=cmd_plan_shards)
+
     p = sub.add_parser("fae", help="FAE's calibration: hot rows within fae.budget_mb, hot and cold inputs")
     p.add_argument("config")
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
@@ -505,9 +579,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("bench", help="benchmarks: the paper's suites (transmissions, cache-size, scale, quality, "
-                                     "scheduler; all; report), ps (under mpirun -n 2), train, e2e (root)")
+                                     "scheduler; all; report), ps (under mpirun -n 2), sharding (under mpirun -n 5), "
+                                     "train, e2e (root)")
     p.add_argument("name", choices=["transmissions", "cache-size", "scale", "quality", "scheduler", "report", "all",
-                                    "paper", "ps", "train", "e2e"])
+                                    "paper", "ps", "sharding", "train", "e2e"])
     p.add_argument("--workers", type=_int_list, default=None,
                    help="scheduler, scale: worker counts (default 8,16,32,64,128); quality: 2,3,4,5,6")
     p.add_argument("--threads", type=_int_list, default=(1, 2))

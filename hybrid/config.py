@@ -140,6 +140,7 @@ class ClusterConfig:
     workers: int = 8
     ps: int = 1
     transport: Transport = Transport.auto
+    shard_plan: str = ""  # a plan from `hybrid plan-shards` (JSON); empty: contiguous row ranges
 
 
 @dataclass

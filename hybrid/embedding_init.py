@@ -36,3 +36,20 @@ def fill_initial_rows(out: np.ndarray, seed: int, first_row: int, scale: float |
     """Fill ``out`` ([n, dim], float32/64, C-contiguous) with the rows ``first_row ..`` in place."""
     threads = len(os.sched_getaffinity(0)) if threads is None else threads
     fill_uniform_rows(out, seed, _STREAM, first_row, _scale(out.shape[1], scale), threads)
+
+
+def fill_initial_runs(shard: np.ndarray, seed: int, runs, scale: float | None = None) -> None:
+    """Fill a PS shard in place from its plan's runs ``(local_start, first_row, count, stride)``.
+
+    Stride-1 runs (whole tables, row ranges) use the in-place kernel; rows
+    dealt round-robin are computed in chunks of at most 1 << 16 rows, so the
+    temporaries stay small whatever the shard.
+    """
+    for start, first, count, stride in runs:
+        if stride == 1:
+            fill_initial_rows(shard[start:start + count], seed, first, scale)
+            continue
+        for done in range(0, count, 1 << 16):
+            n = min(1 << 16, count - done)
+            rows = first + stride * (done + np.arange(n, dtype=np.int64))
+            shard[start + done:start + done + n] = initial_rows(seed, rows, shard.shape[1], shard.dtype, scale)

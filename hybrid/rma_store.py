@@ -3,8 +3,10 @@
 PS ranks are passive: each allocates its shard of rows with
 ``MPI.Win.Allocate`` (displacement unit = one row) and otherwise only waits
 in collectives. Workers read rows with ``Get``, write exclusive rows with
-``Put`` and add shared gradients with ``Accumulate(op=SUM)``. Rows are split
-over the PS ranks in contiguous ranges of the global row space.
+``Put`` and add shared gradients with ``Accumulate(op=SUM)``. Where each row
+lives is a :class:`hybrid.shard_plan.ShardPlan`: by default contiguous ranges
+of the global row space, or any plan ``hybrid plan-shards`` writes (whole
+tables, row ranges, rows dealt round-robin).
 
 A batched operation issues one RMA call per PS rank, whatever the number of
 rows: the scattered target rows are described by one indexed datatype
@@ -16,8 +18,9 @@ Workers hold a shared passive-target epoch (``Lock_all``) for the store's
 whole life; ``close()`` ends it and frees the window collectively.
 
 Start-up follows a shard: each PS rank fills only its own rows, in place in
-the window memory (``init(shard, first_row)``), so its peak memory is the
-shard plus the process itself, and all PS ranks initialize in parallel.
+the window memory (``init(shard, runs)``, ``runs`` as
+:meth:`ShardPlan.runs`), so its peak memory is the shard plus the process
+itself, and all PS ranks initialize in parallel.
 
 With ``versions=True`` (HET, docs/design.md section 7) the PS ranks also
 keep one int64 version per row in a second window, read with
@@ -43,6 +46,7 @@ from mpi4py import MPI
 
 from hybrid import packed_transport
 from hybrid.comm import idle_barrier
+from hybrid.shard_plan import ShardPlan
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
 TRANSPORTS = ("auto", "rma", "packed")
@@ -59,31 +63,6 @@ def choose_transport(requested: str, comm: MPI.Comm) -> str:
     one_host = node.size == comm.size
     node.Free()
     return "rma" if comm.allreduce(one_host, op=MPI.LAND) else "packed"
-
-
-@dataclass(frozen=True)
-class RowRanges:
-    """Contiguous row ranges of ``n_rows`` over ``n_shards`` PS ranks."""
-
-    n_rows: int
-    n_shards: int
-
-    @property
-    def shard_rows(self) -> int:
-        return -(-self.n_rows // self.n_shards)
-
-    def shard_of(self, rows: np.ndarray) -> np.ndarray:
-        return rows // self.shard_rows
-
-    def local(self, rows: np.ndarray) -> np.ndarray:
-        return rows % self.shard_rows
-
-    def rows_of(self, shard: int) -> np.ndarray:
-        return np.arange(*self.bounds(shard), dtype=np.int64)
-
-    def bounds(self, shard: int) -> tuple[int, int]:
-        """First and one-past-last global row of ``shard``."""
-        return min(self.n_rows, shard * self.shard_rows), min(self.n_rows, (shard + 1) * self.shard_rows)
 
 
 @dataclass
@@ -110,11 +89,14 @@ class Handle:
 
 
 class EmbeddingStore:
-    """All embedding rows (``n_rows`` x ``dim``), sharded over ``ps_ranks`` of ``comm``.
+    """All embedding rows (``n_rows`` x ``dim``), sharded over ``ps_ranks`` of ``comm`` as ``plan`` says.
 
     Collective over ``comm`` (creation and :meth:`close`). ``init(shard,
-    first_row)`` fills ``shard`` (the rows ``first_row ..`` of the table, in
-    the window memory) in place; each PS rank calls it for its own shard.
+    runs)`` fills ``shard`` (in the window memory) in place: local rows
+    ``start ..`` of each run hold global rows ``first, first + stride, ..``
+    (:meth:`ShardPlan.runs`); each PS rank calls it for its own shard.
+    ``plan``: a :class:`ShardPlan` for ``n_rows`` rows on ``len(ps_ranks)``
+    shards (default: contiguous ranges).
     ``transport``: ``auto``, ``rma`` or ``packed`` (see the module docstring);
     ``spin_seconds``: how long a PS rank keeps probing after a packed message
     before it sleeps between probes (0 when ranks share cores). With the
@@ -125,7 +107,8 @@ class EmbeddingStore:
 
     def __init__(self, comm: MPI.Comm, ps_ranks: Sequence[int], n_rows: int, dim: int, *,
                  dtype=np.float32, init: Optional[Callable[[np.ndarray, int], None]] = None,
-                 transport: str = "auto", spin_seconds: float = 0.002, versions: bool = False):
+                 transport: str = "auto", spin_seconds: float = 0.002, versions: bool = False,
+                 plan: Optional[ShardPlan] = None):
         self.comm, self.ps_ranks, self.dim = comm, list(ps_ranks), dim
         self.dtype = np.dtype(dtype)
         if self.dtype not in _MPI_TYPES:
@@ -133,33 +116,37 @@ class EmbeddingStore:
         if not self.ps_ranks:
             raise ValueError("at least one PS rank is needed")
         self.transport = choose_transport(transport, comm)
-        self.ranges = RowRanges(n_rows, len(self.ps_ranks))
+        self.plan = ShardPlan.contiguous(n_rows, len(self.ps_ranks)) if plan is None else plan
+        if self.plan.n_rows != n_rows or self.plan.n_shards != len(self.ps_ranks):
+            raise ValueError(f"the shard plan places {self.plan.n_rows} rows on {self.plan.n_shards} shards; "
+                             f"the store has {n_rows} rows on {len(self.ps_ranks)} PS ranks")
         self.is_ps = comm.rank in self.ps_ranks
         self.row_bytes = dim * self.dtype.itemsize
         self.basic = _MPI_TYPES[self.dtype]
         self.row_type = self.basic.Create_contiguous(dim).Commit()
-        first, stop = self.ranges.bounds(self.ps_ranks.index(comm.rank)) if self.is_ps else (0, 0)
+        index = self.ps_ranks.index(comm.rank) if self.is_ps else -1
+        size = int(self.plan.sizes[index]) if self.is_ps else 0
         try:
-            self.win = MPI.Win.Allocate((stop - first) * self.row_bytes, disp_unit=self.row_bytes, comm=comm)
+            self.win = MPI.Win.Allocate(size * self.row_bytes, disp_unit=self.row_bytes, comm=comm)
         except MPI.Exception as err:
             raise RuntimeError(
                 f"cannot create the embedding window: MPI one-sided communication is unavailable with this "
                 f"MPI's transport ({err.Get_error_string()}). On a TCP cluster with OpenMPI launch with "
                 f"launch/mpirun.sh --tcp (UCX over TCP); see docs/design.md section 12") from err
-        self.version_win = MPI.Win.Allocate((stop - first) * 8, disp_unit=8, comm=comm) if versions else None
+        self.version_win = MPI.Win.Allocate(size * 8, disp_unit=8, comm=comm) if versions else None
         self.channel = comm.Dup() if self.transport == "packed" else None
         self.service = None
         self.shard = None  # a PS rank's rows, in the window's memory
         self.versions = None  # a PS rank's row versions (HET), in the second window's memory
         if self.is_ps:
-            memory = self.win.tomemory() if stop > first else bytearray(0)
-            shard = self.shard = np.frombuffer(memory, dtype=self.dtype).reshape(stop - first, dim)
-            if init is not None and stop > first:
-                init(shard, first)
+            memory = self.win.tomemory() if size else bytearray(0)
+            shard = self.shard = np.frombuffer(memory, dtype=self.dtype).reshape(size, dim)
+            if init is not None and size:
+                init(shard, self.plan.runs(index))
             else:
                 shard.fill(0)
             if versions:
-                vmemory = self.version_win.tomemory() if stop > first else bytearray(0)
+                vmemory = self.version_win.tomemory() if size else bytearray(0)
                 self.versions = np.frombuffer(vmemory, dtype=np.int64)
                 self.versions.fill(0)
             if self.channel is not None:
@@ -177,17 +164,17 @@ class EmbeddingStore:
     def _batches(self, rows: np.ndarray):
         """(target rank, positions in ``rows``, local rows) per PS rank, rows sorted per target."""
         rows = np.asarray(rows, dtype=np.int64)
-        if len(rows) and (rows.min() < 0 or rows.max() >= self.ranges.n_rows):
-            raise ValueError(f"rows must be in [0, {self.ranges.n_rows}), got [{rows.min()}, {rows.max()}]")
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.plan.n_rows):
+            raise ValueError(f"rows must be in [0, {self.plan.n_rows}), got [{rows.min()}, {rows.max()}]")
         if self.channel is not None and len(rows) * (8 + self.row_bytes) > _MAX_MESSAGE_BYTES:
             raise ValueError(f"{len(rows)} rows of {self.row_bytes} bytes exceed one MPI message; split them")
-        shard = self.ranges.shard_of(rows)
+        shard, local = self.plan.locate(rows)
         order = np.argsort(shard, kind="stable")
         bounds = np.searchsorted(shard[order], np.arange(len(self.ps_ranks) + 1))
         for s, target in enumerate(self.ps_ranks):
             positions = order[bounds[s]:bounds[s + 1]]
             if len(positions):
-                yield target, positions, self.ranges.local(rows[positions])
+                yield target, positions, local[positions]
 
     def _target_type(self, local_rows: np.ndarray) -> MPI.Datatype:
         return self.row_type.Create_indexed_block(1, local_rows.astype(np.int32).tolist()).Commit()
@@ -315,10 +302,10 @@ class EmbeddingStore:
     # --------------------------------------------------------------- whole
     def read_all(self) -> np.ndarray:
         """Every row, read by the calling worker (checkpoints, tests)."""
-        out = np.empty((self.ranges.n_rows, self.dim), dtype=self.dtype)
+        out = np.empty((self.plan.n_rows, self.dim), dtype=self.dtype)
         chunk = max(1, (256 << 20) // self.row_bytes)
-        for begin in range(0, self.ranges.n_rows, chunk):
-            rows = np.arange(begin, min(begin + chunk, self.ranges.n_rows))
+        for begin in range(0, self.plan.n_rows, chunk):
+            rows = np.arange(begin, min(begin + chunk, self.plan.n_rows))
             self.pull(rows, out[begin:begin + chunk]).wait()
         return out
 

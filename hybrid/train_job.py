@@ -29,6 +29,7 @@ from hybrid.link_counters import difference, link_bytes
 from hybrid.modes import run_label
 from hybrid.preemption import StopRequest
 from hybrid.scheduler import Scheduler
+from hybrid.shard_plan import ShardPlan, ShardPlanError, layout_mismatch
 from hybrid.trainer import STAGES, HybridTrainer
 
 
@@ -64,6 +65,10 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
                     explain={"config": flatten(config.to_dict())})
     if train is None:
         raise StoreError(f"{config.data.path}: {fingerprint}; every rank failed to read it")
+    plan, plan_state = _shard_plan(config, int(train.cardinalities.sum()))
+    check_agreement(world, shard_plan=plan_state)  # every rank read the same plan, or failed alike
+    if plan is None:
+        raise ShardPlanError(plan_state)
     if train.num_batches(config.global_batch) == 0:
         raise ValueError(f"{config.data.path}: the train split has {train.n_samples} samples, fewer than one "
                          f"global batch of {config.global_batch} (cluster.workers x train.batch_per_worker); "
@@ -73,14 +78,14 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
     if iterations > train.num_batches(config.global_batch):
         raise ValueError(f"train.iterations={iterations} exceeds the {train.num_batches(config.global_batch)} "
                          f"global batches of {config.global_batch} in {config.data.path}")
-    checkpoint = _resume_point(config, roles, fingerprint) if resume else None
+    checkpoint = _resume_point(config, roles, fingerprint, plan) if resume else None
     if checkpoint is not None and checkpoint.step + 1 >= iterations:
         _say(roles, f"{checkpoint.path} is the end of this run (iteration {checkpoint.step}); nothing to resume")
         roles.free()
         return None
     # From here an error may be raised on some ranks only: it propagates without any collective
     # cleanup (which would wait for ranks that never come), and `hybrid train` aborts the job.
-    trainer = HybridTrainer(config, roles, train, resume=checkpoint, stop=stop)
+    trainer = HybridTrainer(config, roles, train, resume=checkpoint, stop=stop, plan=plan)
     summary = _train(config, trainer, test, iterations, log_path, progress)
     trainer.close()
     roles.free()
@@ -89,12 +94,24 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
     return summary
 
 
+def _shard_plan(config: Config, n_rows: int) -> tuple[Optional[ShardPlan], str]:
+    """The run's shard plan and its fingerprint, or (None, why it cannot be used)."""
+    if not config.cluster.shard_plan:
+        plan = ShardPlan.contiguous(n_rows, config.cluster.ps)
+        return plan, plan.fingerprint
+    try:
+        plan = ShardPlan.load(config.cluster.shard_plan, n_rows=n_rows, n_shards=config.cluster.ps)
+    except ShardPlanError as err:
+        return None, f"cluster.shard_plan: {err}"
+    return plan, plan.fingerprint
+
+
 def _say(roles, message: str) -> None:
     if roles.rank == 0:
         print(f"hybrid train: {message}", file=sys.stderr, flush=True)
 
 
-def _resume_point(config: Config, roles, fingerprint: str) -> Optional[ckpt.Checkpoint]:
+def _resume_point(config: Config, roles, fingerprint: str, plan: ShardPlan) -> Optional[ckpt.Checkpoint]:
     """The newest checkpoint every rank can use, chosen alike on every rank (collective).
 
     One of another config or data is refused outright; a damaged one
@@ -110,7 +127,7 @@ def _resume_point(config: Config, roles, fingerprint: str) -> Optional[ckpt.Chec
     mine = [ckpt.shard_name(roles.ps_ranks.index(roles.rank))] if roles.is_ps else ["dense.pt", "scheduler.npz"]
     skipped = []
     for candidate in candidates:
-        other = ckpt.mismatch(candidate, config.training_dict(), fingerprint)
+        other = ckpt.mismatch(candidate, config.training_dict(), fingerprint) or layout_mismatch(candidate.meta, plan)
         if other:
             raise ckpt.CheckpointError(f"{candidate.path} belongs to another run: {other}; resume with the "
                                        f"config and data that wrote it, or set train.checkpoint_dir elsewhere")
@@ -180,7 +197,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
     pulls, pushes, p2p = int(total[0]), int(total[1] + total[2]), int(total[3])
     samples = sum(r["samples"] for r in log)
     training = seconds - trainer.run.paused_seconds  # throughput leaves out checkpoints and evaluations
-    shard_rows = trainer.table.ranges.shard_rows
+    shard_rows = trainer.table.plan.shard_rows
     return {
         "config": config.name, "mode": config.scheduler.mode.value, "label": run_label(config),
         "workers": config.cluster.workers,
@@ -197,7 +214,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         "events": counts, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},
         "overlap": config.train.overlap, "transport": trainer.table.transport,
         "scored_tables": trainer.scored_tables,  # adaptive LAIA under budget_ms: agreed by every worker
-        "table_rows": trainer.table.ranges.n_rows, "ps_shard_mb": round(shard_rows * row_bytes / 2**20, 1),
+        "table_rows": trainer.table.plan.n_rows, "ps_shard_mb": round(shard_rows * row_bytes / 2**20, 1),
         "ranks": ranks,
         "evaluation": evaluation,
         "start_step": trainer.run.start_step, "stopped_by": trainer.run.stopped_by,

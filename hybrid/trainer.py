@@ -64,7 +64,7 @@ from hybrid.allocation import AdaptiveLaiaAllocation
 from hybrid.comm import Roles, init_horovod
 from hybrid.config import Config, SyncMode
 from hybrid.data.store import BatchStore, GlobalBatch
-from hybrid.embedding_init import fill_initial_rows
+from hybrid.embedding_init import fill_initial_runs
 from hybrid.fae_scheduler import FaeScheduler, calibration_for
 from hybrid.hot_replicas import HotReplicas
 from hybrid.models import build_model, dense_optimizer
@@ -73,6 +73,7 @@ from hybrid.plan_producer import PlanProducer
 from hybrid.preemption import StopRequest
 from hybrid.rma_store import EmbeddingStore, Handle
 from hybrid.scheduler import BatchPlan, Scheduler, WorkerPlan
+from hybrid.shard_plan import ShardPlan
 from hybrid.stale_cache import StaleCache
 from hybrid.watchdog import Watchdog
 
@@ -133,7 +134,8 @@ class HybridTrainer:
     """
 
     def __init__(self, config: Config, roles: Roles, store: BatchStore, *,
-                 resume: Optional[ckpt.Checkpoint] = None, stop: Optional[StopRequest] = None):
+                 resume: Optional[ckpt.Checkpoint] = None, stop: Optional[StopRequest] = None,
+                 plan: Optional[ShardPlan] = None):
         start = time.perf_counter()
         self.config, self.roles, self.data = config, roles, store
         self.stop = stop or StopRequest()
@@ -147,9 +149,11 @@ class HybridTrainer:
         sync = policy_for(config.scheduler.mode).sync
         het = sync is Sync.het_clocks
         self.saves = sync not in (Sync.het_clocks, Sync.fae_replicas)  # HET and FAE are not checkpointed yet
+        if plan is None and config.cluster.shard_plan:
+            plan = ShardPlan.load(config.cluster.shard_plan, n_rows=n_rows, n_shards=config.cluster.ps)
         self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, dim, dtype=self.dtype,
                                     init=self._initial_rows(resume), transport=config.cluster.transport.value,
-                                    spin_seconds=0.0 if roles.oversubscribed else 0.002, versions=het)
+                                    spin_seconds=0.0 if roles.oversubscribed else 0.002, versions=het, plan=plan)
         self.hvd = init_horovod(roles)
         self.last_loss = 0.0
         self._served = False  # the workers have released the PS ranks (end_service)
@@ -221,12 +225,12 @@ class HybridTrainer:
         return HotReplicas(self.table, calibration, dim=dim, dtype=self.dtype, lead=self.roles.worker == 0,
                            barrier=self.roles.worker_barrier, hvd=self.hvd)
 
-    def _initial_rows(self, resume: Optional[ckpt.Checkpoint]) -> Callable[[np.ndarray, int], None]:
+    def _initial_rows(self, resume: Optional[ckpt.Checkpoint]) -> Callable[[np.ndarray, list], None]:
         """How a PS rank fills its shard: the seeded initial rows, or its file of the checkpoint."""
         if resume is None:
-            return lambda shard, first: fill_initial_rows(shard, self.config.seed, first)
+            return lambda shard, runs: fill_initial_runs(shard, self.config.seed, runs)
         index = self.roles.ps_ranks.index(self.roles.rank) if self.roles.is_ps else 0
-        return lambda shard, first: ckpt.read_rows_into(resume.file(ckpt.shard_name(index)), shard)
+        return lambda shard, runs: ckpt.read_rows_into(resume.file(ckpt.shard_name(index)), shard)
 
     def _device(self, wanted: str) -> torch.device:
         """The model's device. The cache stays in host memory: RMA reads and writes it."""
@@ -402,7 +406,8 @@ class HybridTrainer:
         if lead:
             meta = ckpt.metadata(step=plan.step, training=self.config.training_dict(), fingerprint=self.data.fingerprint,
                                  files={k: v for part in gathered for k, v in part.items()},
-                                 extra={"mode": self.config.scheduler.mode.value, "rows": self.table.ranges.n_rows,
+                                 extra={"mode": self.config.scheduler.mode.value, "rows": self.table.plan.n_rows,
+                                        "shard_plan": self.table.plan.fingerprint,
                                         "dim": self.table.dim, "dtype": self.dtype.name})
             entry["path"] = str(self.checkpoints.commit(staging, meta).path)
         entry["seconds"] = round(time.perf_counter() - start, 3)

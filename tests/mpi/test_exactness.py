@@ -5,6 +5,8 @@ runs N = 3, 4 and 5: 1-4 workers, 1-2 PS), float64, a cache small enough that
 it evicts: final embedding tables and MLP weights must equal plain torch SGD
 on the whole global batch within 1e-9.
 """
+from pathlib import Path
+
 import pytest
 from mpi4py import MPI
 
@@ -12,6 +14,7 @@ import distributed_run
 from hybrid.bench import case_overrides
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
+from hybrid.shard_planners import make_plan
 from shared_store import shared_store
 
 ITERATIONS = 25
@@ -76,6 +79,33 @@ def test_exact_under_heavy_cache_churn(store_path, mode, overlap, transport):
             assert prefetched == 0
         if mode.startswith("herald"):
             assert sum(r["counts"]["writeback"] for r in run.log) > 100
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("planner", ["round-robin", "size", "random"])
+@pytest.mark.parametrize("transport", ["rma", "packed"])
+def test_exact_under_any_shard_plan(store_path, planner, transport):
+    """Tables placed whole, or their rows dealt over the PS ranks: the same model as the reference."""
+    world = MPI.COMM_WORLD
+    n_ps = 2
+    plan_path = Path(store_path).parent / f"plan-{planner}.json"
+    overrides = [f"data.path={store_path}", f"cluster.workers={world.size - n_ps}", f"cluster.ps={n_ps}",
+                 "train.batch_per_worker=8", "cache.ratio=0.008", "scheduler.mode=herald", "model.name=dlrm",
+                 "model.precision=float64", "model.embedding_dim=4", "model.bottom_mlp=[8]", "model.top_mlp=[8]",
+                 "train.embedding_lr=0.1", "train.dense_lr=0.05", "seed=13", f"cluster.transport={transport}",
+                 f"cluster.shard_plan={plan_path}"]
+    config = load_config(None, overrides)
+    store = BatchStore(store_path)
+    plan = make_plan(planner, store.cardinalities, n_ps, dim=4, seed=13)
+    if world.rank == 0:
+        plan.save(plan_path)
+    world.Barrier()
+    run = distributed_run.train(config, store, 30)
+    if world.rank == 0:
+        distributed_run.assert_equals_reference(run, config, store, 30)
+    if world.rank >= world.size - n_ps:
+        assert plan.sizes[world.rank - (world.size - n_ps)] > 0
 
 
 @pytest.mark.mpi(min_size=3)

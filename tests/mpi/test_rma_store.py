@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hybrid.embedding_init import fill_initial_rows, initial_rows
-from hybrid.rma_store import EmbeddingStore, RowRanges
+from hybrid.embedding_init import fill_initial_runs, initial_rows
+from hybrid.rma_store import EmbeddingStore
+from hybrid.shard_plan import ShardPlan
 
 N_ROWS, DIM = 103, 6
 TRANSPORTS = pytest.mark.parametrize("transport", ["rma", "packed"])
@@ -18,18 +19,33 @@ def _init(rows):
     return initial_rows(7, rows, DIM, np.float64)
 
 
-def _fill(shard, first_row):
-    fill_initial_rows(shard, 7, first_row)
+def _fill(shard, runs):
+    fill_initial_runs(shard, 7, runs)
+
+
+def _plan(layout: str, n_ps: int):
+    """The default row ranges, or three tables (40, 13, 50 rows) placed whole or dealt round-robin."""
+    if layout == "row-ranges":
+        return None
+    offsets = [0, 40, 53, N_ROWS]
+    if layout == "whole-tables":
+        return ShardPlan.from_tables(offsets, [n_ps - 1, 0, n_ps - 1], n_ps, layout)
+    return ShardPlan.from_tables(offsets, [list(range(n_ps)), n_ps - 1, list(reversed(range(n_ps)))], n_ps, layout)
 
 
 @TRANSPORTS
+@pytest.mark.parametrize("layout", ["row-ranges", "whole-tables", "round-robin"])
 @pytest.mark.parametrize("n_ps", [pytest.param(1, marks=pytest.mark.mpi(min_size=2)),
                                   pytest.param(2, marks=pytest.mark.mpi(min_size=3))])  # at least one worker
-def test_workers_read_sum_and_overwrite_rows_of_every_shard(n_ps, transport):
+def test_workers_read_sum_and_overwrite_rows_of_every_shard(n_ps, transport, layout):
+    """The store serves the same rows whatever the shard plan."""
     world = MPI.COMM_WORLD
     ps_ranks = list(range(world.size - n_ps, world.size))
     workers = [r for r in range(world.size) if r not in ps_ranks]
-    store = EmbeddingStore(world, ps_ranks, N_ROWS, DIM, dtype=np.float64, init=_fill, transport=transport)
+    store = EmbeddingStore(world, ps_ranks, N_ROWS, DIM, dtype=np.float64, init=_fill, transport=transport,
+                           plan=_plan(layout, n_ps))
+    if world.rank in ps_ranks:  # each PS rank holds its plan's rows, in its plan's local order
+        assert np.array_equal(store.shard, _init(store.plan.rows_of(ps_ranks.index(world.rank))))
     rows = np.array([0, 102, 51, 52, 5, 99, 50], dtype=np.int64)  # spans both shards, unsorted
     got = np.empty((len(rows), DIM))
     if world.rank in workers:
@@ -59,7 +75,7 @@ def test_workers_read_sum_and_overwrite_rows_of_every_shard(n_ps, transport):
 def test_every_worker_sees_the_same_table_after_a_barrier(transport):
     world = MPI.COMM_WORLD
     store = EmbeddingStore(world, [world.size - 1], N_ROWS, DIM, dtype=np.float32,
-                           init=lambda shard, first: fill_initial_rows(shard, 1, first), transport=transport)
+                           init=lambda shard, runs: fill_initial_runs(shard, 1, runs), transport=transport)
     digest = None
     if world.rank != world.size - 1:
         mine = np.arange(world.rank, N_ROWS, world.size - 1)
@@ -71,14 +87,6 @@ def test_every_worker_sees_the_same_table_after_a_barrier(transport):
     seen = [d for d in world.allgather(digest) if d is not None]
     assert len(seen) == world.size - 1 and len(set(seen)) == 1
     store.close()
-
-
-def test_row_ranges_cover_every_row_once():
-    ranges = RowRanges(103, 4)
-    covered = np.concatenate([ranges.rows_of(s) for s in range(4)])
-    assert np.array_equal(covered, np.arange(103))
-    rows = np.arange(103)
-    assert np.array_equal(ranges.shard_of(rows) * ranges.shard_rows + ranges.local(rows), rows)
 
 
 @TRANSPORTS

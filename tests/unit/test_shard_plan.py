@@ -1,0 +1,114 @@
+"""Shard plans: every row placed once, dense shards, lookups that agree with the layout; the baselines."""
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hybrid.cli import main
+from hybrid.embedding_init import fill_initial_runs, initial_rows
+from hybrid.shard_plan import Segment, ShardPlan, ShardPlanError, layout_mismatch
+from hybrid.shard_planners import PLANNERS, make_plan, shard_load
+
+
+@st.composite
+def table_plans(draw):
+    n_shards = draw(st.integers(1, 5))
+    sizes = draw(st.lists(st.integers(1, 40), min_size=1, max_size=8))
+    offsets = [0, *np.cumsum(sizes).tolist()]
+    placements = []
+    for _ in sizes:
+        if draw(st.booleans()):
+            placements.append(draw(st.integers(0, n_shards - 1)))
+        else:
+            placements.append(draw(st.permutations(range(n_shards)))[:draw(st.integers(1, n_shards))])
+    return ShardPlan.from_tables(offsets, placements, n_shards, "drawn"), offsets, placements
+
+
+@settings(max_examples=200, deadline=None)
+@given(table_plans())
+def test_every_row_has_one_place_and_every_shard_is_dense(case):
+    plan, offsets, placements = case
+    rows = np.arange(plan.n_rows)
+    shard, local = plan.locate(rows)
+    assert sorted(zip(shard.tolist(), local.tolist())) == [(s, i) for s in range(plan.n_shards)
+                                                           for i in range(plan.sizes[s])]
+    for s in range(plan.n_shards):
+        assert np.array_equal(shard[plan.rows_of(s)], np.full(plan.sizes[s], s))
+        assert np.array_equal(local[plan.rows_of(s)], np.arange(plan.sizes[s]))
+    for t, where in enumerate(placements):  # a table's rows are on the shards it was placed on
+        placed = set(shard[offsets[t]:offsets[t + 1]].tolist())
+        assert placed <= ({where} if np.isscalar(where) else set(where))
+    again = ShardPlan(plan.n_rows, plan.n_shards, plan.to_dict()["segments"])
+    assert again.fingerprint == plan.fingerprint
+
+
+def test_a_shard_filled_from_its_runs_holds_its_rows_initial_values():
+    plan = ShardPlan.from_tables([0, 70_000, 70_050, 200_000], [[0, 1, 2], 1, [2, 0]], 3, "mixed")
+    for s in range(3):
+        shard = np.empty((plan.sizes[s], 4), np.float32)
+        fill_initial_runs(shard, 9, plan.runs(s))
+        assert np.array_equal(shard, initial_rows(9, plan.rows_of(s), 4, np.float32))
+
+
+@pytest.mark.parametrize("segments, message", [
+    ([Segment(0, 0, 5), Segment(1, 4, 10)], "twice"),
+    ([Segment(0, 0, 5), Segment(1, 6, 10)], "nowhere"),
+    ([Segment(0, 0, 10, 2, 0), Segment(1, 0, 10, 2, 0, 0)], "phases"),
+    ([Segment(0, 0, 5), Segment(0, 5, 10, base=6)], "not dense"),
+    ([Segment(0, 0, 8)], "the tables have 10"),
+    ([Segment(3, 0, 10)], "shard < 2"),
+])
+def test_a_plan_that_does_not_place_each_row_once_is_refused(segments, message):
+    with pytest.raises(ShardPlanError, match=message):
+        ShardPlan(10, 2, segments)
+
+
+def test_the_default_plan_is_the_stores_old_row_ranges():
+    plan = ShardPlan.contiguous(103, 4)
+    rows = np.arange(103)
+    shard, local = plan.locate(rows)
+    assert np.array_equal(shard, rows // 26) and np.array_equal(local, rows % 26)
+    assert plan.sizes.tolist() == [26, 26, 26, 25] and plan.shard_rows == 26
+
+
+@pytest.mark.parametrize("name", PLANNERS)
+def test_every_baseline_places_every_row_and_respects_the_memory_cap(name):
+    sizes = [500, 30, 1000, 7, 800, 64, 3, 250]
+    cap = 1100
+    plan = make_plan(name, sizes, 3, dim=16, cap_rows=cap)
+    assert plan.n_rows == sum(sizes) and plan.shard_rows <= cap
+    if name in ("size", "dim", "lookup", "size-lookup", "random"):  # table-wise: a table on one rank
+        offsets = np.cumsum([0, *sizes])
+        for t in range(len(sizes)):
+            assert len(set(plan.shard_of(np.arange(offsets[t], offsets[t + 1])).tolist())) == 1
+    with pytest.raises(ShardPlanError, match="cap"):
+        make_plan(name, sizes, 3, dim=16, cap_rows=800)  # under the 885 rows a third of them needs
+
+
+def test_round_robin_spreads_each_tables_hottest_rows_over_every_rank():
+    sizes = [1000, 1000]
+    batches = [np.arange(0, 40), np.concatenate([np.arange(0, 20), 1000 + np.arange(0, 20)])]  # low ids: hot
+    ranges = shard_load(make_plan("row-ranges", sizes, 4, dim=8), batches)
+    dealt = shard_load(make_plan("round-robin", sizes, 4, dim=8), batches)
+    assert ranges.max() / ranges.mean() > 2 and dealt.max() / dealt.mean() == 1.0
+
+
+def test_plan_shards_writes_a_plan_that_fits_the_workload(tmp_path, criteo_like, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan-shards", "configs/w1-smoke.yaml", f"data.path={criteo_like}", "cluster.ps=2",
+                 "--planner", "size", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    plan = ShardPlan.load(out, n_rows=sum(result["rows_per_rank"]), n_shards=2)
+    assert plan.fingerprint == result["fingerprint"] and len(result["rows_served_per_batch"]) == 2
+    with pytest.raises(ShardPlanError, match="3 PS ranks"):
+        ShardPlan.load(out, n_rows=plan.n_rows, n_shards=3)
+
+
+def test_a_checkpoint_resumes_only_under_the_shard_plan_that_wrote_it():
+    default = ShardPlan.contiguous(300, 2)
+    dealt = make_plan("round-robin", [100, 200], 2, dim=4)
+    assert layout_mismatch({}, default) is None  # written before plans existed: the default layout
+    assert layout_mismatch({"shard_plan": dealt.fingerprint}, dealt) is None
+    assert "layout of shard plan" in layout_mismatch({"shard_plan": dealt.fingerprint}, default)
+    assert "layout of shard plan" in layout_mismatch({}, dealt)
