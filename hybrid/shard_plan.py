@@ -62,6 +62,11 @@ class ShardPlan:
         self._group_stride = np.array([g[2] for g in groups], dtype=np.int64)
         # groups tile the rows, so each starts at its own lo; its segments follow in phase order
         self._group_first = np.searchsorted(np.array([s.lo for s in self.segments], dtype=np.int64), self._group_lo)
+        self._unit_strides = bool((self._group_stride == 1).all())
+        # equal contiguous ranges (the default): a row's place is one division, as before plans existed
+        per = self.segments[0].hi if self.segments else 0
+        self._per = per if self._unit_strides and all(
+            seg.shard == i and seg.lo == i * per and seg.base == 0 for i, seg in enumerate(self.segments)) else 0
         self._shard = np.array([s.shard for s in self.segments], dtype=np.int64)
         self._base = np.array([s.base for s in self.segments], dtype=np.int64)
 
@@ -118,18 +123,27 @@ class ShardPlan:
 
     # ---------------------------------------------------------------- lookup
     def _segments_of(self, rows: np.ndarray):
+        """Each row's segment and its step within the segment."""
         group = np.searchsorted(self._group_lo, rows, side="right") - 1
         offset = rows - self._group_lo[group]
+        if self._unit_strides:  # whole tables and row ranges: one segment per group
+            return group, offset
         stride = self._group_stride[group]
         return self._group_first[group] + offset % stride, offset // stride
 
     def shard_of(self, rows) -> np.ndarray:
         """PS shard of each global row."""
-        return self._shard[self._segments_of(np.asarray(rows, dtype=np.int64))[0]]
+        rows = np.asarray(rows, dtype=np.int64)
+        if self._per:
+            return rows // self._per
+        return self._shard[self._segments_of(rows)[0]]
 
     def locate(self, rows) -> tuple[np.ndarray, np.ndarray]:
         """(shard, local row) of each global row."""
-        segment, step = self._segments_of(np.asarray(rows, dtype=np.int64))
+        rows = np.asarray(rows, dtype=np.int64)
+        if self._per:
+            return np.divmod(rows, self._per)
+        segment, step = self._segments_of(rows)
         return self._shard[segment], self._base[segment] + step
 
     def runs(self, shard: int) -> list[tuple[int, int, int, int]]:
