@@ -40,6 +40,22 @@ def test_independent_schedulers_agree_for_1000_iterations(criteo_like, settings)
     assert other_seed != first[:20]
 
 
+@pytest.mark.parametrize("mode", ["vanilla", "herald", "het"])
+def test_each_workers_transmissions_add_up_to_the_iterations(criteo_like, mode):
+    """``per_worker`` splits a plan's pulls, pushes and P2P rows by the worker that makes them."""
+    from hybrid.event_kinds import PEER_KINDS, PULL_KINDS, PUSH_KINDS
+
+    store = BatchStore(criteo_like)
+    config = _config(criteo_like, f"scheduler.mode={mode}", *(["scheduler.staleness=2"] if mode == "het" else []))
+    scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities)
+    spread = 0
+    for plan, _ in zip(scheduler.plans(b.sparse for b in store.batches(config.global_batch)), range(40)):
+        moved = sum(plan.counts[k] for k in PULL_KINDS + PUSH_KINDS + PEER_KINDS)
+        assert len(plan.per_worker) == 4 and plan.per_worker.sum() == moved
+        spread += plan.per_worker.max() > plan.per_worker.min()
+    assert spread > 0
+
+
 def test_a_scheduler_that_looks_ahead_resumes_to_the_uninterrupted_plans(criteo_like):
     store = BatchStore(criteo_like)
     config = _config(criteo_like, "scheduler.mode=herald", "scheduler.scoring=cost", "scheduler.lookahead=true")
