@@ -397,22 +397,13 @@ PAPER_SUITES = ("transmissions", "cache-size", "scale", "quality", "scheduler", 
 
 def cmd_bench_sharding(args) -> int:
     """``hybrid bench sharding`` (under mpirun): every planner's plan timed through the real store."""
-    from hybrid.bench import sharding_bench
-    from hybrid.bench.result_files import command_line, header, machine, save
+    from hybrid.bench import result_files, sharding_bench
 
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    start = time.perf_counter()
-    result = sharding_bench.run(iterations=args.iterations or 30, say=say)
-    if result is None:  # not the worker rank
-        return 0
-    document = {"suite": sharding_bench.NAME, "command": command_line(args.argv), "machine": machine(),
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "repeats": f"median of {result['iterations'] - 1} iterations per rank",
-                "seconds": round(time.perf_counter() - start, 1), "result": result}
-    save(Path(args.out) / sharding_bench.NAME, document, sharding_bench.plot)
-    print(header(document), file=_text_out(args))
-    print(sharding_bench.format_table(result), file=_text_out(args))
-    if args.json:
+    document = result_files.run_suite(sharding_bench, {"iterations": args.iterations or 30, "say": say},
+                                      out=Path(args.out), command=result_files.command_line(args.argv),
+                                      say=lambda text: print(text, file=_text_out(args), flush=True))
+    if document is not None and args.json:  # the worker rank writes and prints; the others only served
         print(json.dumps(document))
     return 0
 

@@ -14,7 +14,7 @@ import platform
 import shlex
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -47,15 +47,18 @@ def command_line(argv) -> str:
     return shlex.join(["hybrid", *argv])
 
 
-def run_suite(suite, kwargs: dict, *, out: Path, command: str, say: Callable[[str], None]) -> dict:
+def run_suite(suite, kwargs: dict, *, out: Path, command: str, say: Callable[[str], None]) -> Optional[dict]:
     """Run ``suite.run(**kwargs)``, write its JSON and PNG under ``out``, print its table; the document.
 
     ``suite`` is a module with ``NAME``, ``repeats_note``, ``run``,
     ``format_table`` and ``plot``; ``repeats_note(kwargs)`` says what the
-    figures are medians of (or that the counts are deterministic).
+    figures are medians of (or that the counts are deterministic). A suite
+    run under MPI returns its result on one rank only: the others get None.
     """
     started = time.perf_counter()
     result = suite.run(**kwargs)
+    if result is None:
+        return None
     document = {"suite": suite.NAME, "command": command, "machine": machine(),
                 "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 "repeats": suite.repeats_note(kwargs), "seconds": round(time.perf_counter() - started, 1),
@@ -99,6 +102,21 @@ def line_chart(ax, x: list, series: dict, xlabel: str, ylabel: str) -> None:
         ax.plot(x, values, marker="o", label=label)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
+
+
+def grouped_bars(ax, groups: list[str], series: dict, title: str) -> None:
+    """One bar per series within each group (a distinct color each), and the baseline at 1.0."""
+    import matplotlib
+
+    width = 0.8 / max(1, len(series))
+    colors = matplotlib.colormaps["tab20"]  # the default cycle repeats after 10 series
+    for i, (label, values) in enumerate(series.items()):
+        ax.bar([g + i * width for g in range(len(groups))], values, width, label=label, color=colors(i % 20))
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    top = max([1.0, *(v for values in series.values() for v in values)])
+    ax.set_ylim(0, 1.05 * top)
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups, fontsize=8)
+    ax.set_title(title)
 
 
 def pyplot():

@@ -28,7 +28,13 @@ from hybrid.data.synthetic import CRITEO_KAGGLE, zipf_cdf
 from hybrid.shard_planners import PLANNERS, make_plan
 
 NAME = "sharding"
+TITLE = "Shard planners timed through the store (NeuroShard's baselines)"
 TASKS = ((10, 16), (30, 64), (60, 128), (20, 4))  # (tables, dim)
+
+
+def repeats_note(kwargs: dict) -> str:
+    """Timings vary run to run: each figure is a median over iterations, the first left out."""
+    return f"median of {kwargs.get('iterations', 30) - 1} iterations per rank, the planners alternating"
 
 
 def task_tables(n_tables: int, scale: float, seed: int):
@@ -142,8 +148,7 @@ def format_table(result: dict) -> str:
 
 def plot(document: dict, path) -> None:
     """Each planner's slowest-rank time over the default plan's, grouped by task."""
-    from hybrid.bench.result_files import finish, pyplot
-    from hybrid.bench.transmissions_bench import grouped_bars
+    from hybrid.bench.result_files import finish, grouped_bars, pyplot
 
     plt = pyplot()
     rows = document["result"]["best"]

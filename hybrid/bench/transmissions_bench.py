@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
 from hybrid.bench import simulated
-from hybrid.bench.result_files import deterministic_counts, finish, markdown_table, pyplot
+from hybrid.bench.result_files import deterministic_counts, finish, grouped_bars, markdown_table, pyplot
 
 NAME = "transmissions"
 TITLE = "Embedding transmissions per mode (paper Fig. 11 and Table 2)"
@@ -91,19 +89,6 @@ def markdown(document: dict) -> str:
             + f"; counted iterations after 10 warm-up: {counted}. The paper's cells are 1 minus the reductions "
             "its text states; its per-workload bars (Fig. 11): figure only. Ours are synthetic W1-W4 "
             "stand-ins and the real MovieLens-100k, not the paper's datasets.\n\n" + table)
-
-
-def grouped_bars(ax, groups: list[str], series: dict, title: str) -> None:
-    """One bar per series within each group (a distinct color each), and the baseline at 1.0."""
-    width = 0.8 / max(1, len(series))
-    colors = matplotlib.colormaps["tab20"]  # the default cycle repeats after 10 series
-    for i, (label, values) in enumerate(series.items()):
-        ax.bar([g + i * width for g in range(len(groups))], values, width, label=label, color=colors(i % 20))
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    top = max([1.0, *(v for values in series.values() for v in values)])
-    ax.set_ylim(0, 1.05 * top)
-    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups, fontsize=8)
-    ax.set_title(title)
 
 
 def plot(document: dict, path: Path) -> None:
