@@ -141,7 +141,7 @@ class LaiaAllocation(AllocationPolicy):
         """Cost scoring's allocation; looking ahead, the better of both orders over this batch and the next."""
         common = dict(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
                       rows=rows, tables=tables, seed=self.seed, full_set=self.full_set)
-        margins = margin_order(self._scores)
+        margins = margin_order(self._scores) if self.confident or self.looks_ahead else None
         orders = (margins, None) if self.confident else (None, margins)
         alloc = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
                                    order=orders[0], **common)

@@ -191,7 +191,7 @@ def cmd_plan_shards(args) -> int:
 
     config = load_config(args.config, args.overrides)
     store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
-    row_bytes = config.model.embedding_dim * (8 if config.model.precision.value == "float64" else 4)
+    row_bytes = config.row_bytes
     cap_rows = int(args.memory_cap_mb * 2**20 // row_bytes) if args.memory_cap_mb else None
     plan = make_plan(args.planner, store.cardinalities, config.cluster.ps, dim=config.model.embedding_dim,
                      cap_rows=cap_rows, seed=config.seed)

@@ -209,6 +209,11 @@ class Config:
     def global_batch(self) -> int:
         return self.cluster.workers * self.train.batch_per_worker
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one embedding row (what a PS rank stores and a transmission moves per row)."""
+        return self.model.embedding_dim * (8 if self.model.precision is Precision.float64 else 4)
+
     def to_dict(self) -> dict:
         """Plain JSON-able dict (enums as their values)."""
         return json.loads(json.dumps(dataclasses.asdict(self), default=_enum_value))

@@ -193,7 +193,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         return None
     counts = {k: sum(r["counts"][k] for r in log) for k in log[0]["counts"]} if log else {}
     needed = sum(counts.get(k, 0) for k in UPDATE_KINDS)
-    row_bytes = config.model.embedding_dim * np.dtype(config.model.precision.value).itemsize
+    row_bytes = config.row_bytes
     pulls, pushes, p2p = int(total[0]), int(total[1] + total[2]), int(total[3])
     samples = sum(r["samples"] for r in log)
     training = seconds - trainer.run.paused_seconds  # throughput leaves out checkpoints and evaluations
