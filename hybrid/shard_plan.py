@@ -66,7 +66,8 @@ class ShardPlan:
         # equal contiguous ranges (the default): a row's place is one division, as before plans existed
         per = self.segments[0].hi if self.segments else 0
         self._per = per if self._unit_strides and all(
-            seg.shard == i and seg.lo == i * per and seg.base == 0 for i, seg in enumerate(self.segments)) else 0
+            seg.shard == i and seg.lo == i * per and seg.hi == min(self.n_rows, (i + 1) * per) and seg.base == 0
+            for i, seg in enumerate(self.segments)) else 0
         self._shard = np.array([s.shard for s in self.segments], dtype=np.int64)
         self._base = np.array([s.base for s in self.segments], dtype=np.int64)
 

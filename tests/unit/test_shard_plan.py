@@ -70,6 +70,8 @@ def test_the_default_plan_is_the_stores_old_row_ranges():
     shard, local = plan.locate(rows)
     assert np.array_equal(shard, rows // 26) and np.array_equal(local, rows % 26)
     assert plan.sizes.tolist() == [26, 26, 26, 25] and plan.shard_rows == 26
+    uneven = ShardPlan.from_tables([0, 10, 30], [0, 1], 2, "uneven")  # contiguous, but not equal ranges
+    assert [a.tolist() for a in uneven.locate(np.array([9, 10, 25]))] == [[0, 1, 1], [9, 0, 15]]
     general = ShardPlan(103, 4, plan.segments)
     general._per = 0  # the segment lookup, not the division shortcut
     assert all(np.array_equal(a, b) for a, b in zip(general.locate(rows), (shard, local)))
