@@ -17,6 +17,7 @@ class Run:
     params: Optional[list]  # MLP weights (workers only)
     capacity: Optional[int]  # cache slots per worker (workers only)
     rows_moved: int  # rows all workers moved through the store
+    plan_fingerprint: str = ""  # the shard plan the store used
 
 
 def train(config, store, iterations: int) -> Run:
@@ -28,10 +29,11 @@ def train(config, store, iterations: int) -> Run:
     table = trainer.table.read_all() if roles.worker == 0 else None
     params = None if roles.is_ps else [p.detach().numpy().copy() for p in trainer.model.parameters()]
     capacity = None if roles.is_ps else trainer.scheduler.state.capacity
+    plan_fingerprint = trainer.table.plan.fingerprint
     trainer.close()
     roles.free()
     moved = MPI.COMM_WORLD.allreduce(sum(r["moved"][k] for r in log for k in ("pull", "put", "accumulate", "p2p")))
-    return Run(log, table, params, capacity, moved)
+    return Run(log, table, params, capacity, moved, plan_fingerprint)
 
 
 def assert_equals_reference(run: Run, config, store, iterations: int, tolerance: float = 1e-9) -> None:
