@@ -6,10 +6,10 @@ and 4 PS ranks): rank 0 is the worker, the last ranks the PS ranks (a plan
 for fewer ranks uses the last of them; the others only join collectives).
 
 Task sets as NeuroShard's: ``n`` tables drawn from the Criteo-like profile
-(cardinalities at ``scale``, each with its own popularity skew), one
-embedding width per task (this store has one width for all tables). Each
-iteration is one global batch of ``batch`` samples, one id per table per
-sample, ids by the table's popularity. For every plan the worker times, per
+(cardinalities at ``scale``, each with its own popularity skew, sessions
+and coupling), one embedding width per task (this store has one width for
+all tables). Each iteration is one global batch of ``batch`` samples of the
+synthetic generator, one id per table per sample. For every plan the worker times, per
 PS rank, reading that rank's distinct rows of the batch and adding their
 gradients back (``pull`` then ``accumulate``, each completed): the rank's
 cost per iteration, the median over iterations, the planners alternating
@@ -20,11 +20,12 @@ between planners in one run are what to read.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from hybrid.counter_hash import stream_id, uniform3
-from hybrid.data.synthetic import CRITEO_KAGGLE, zipf_cdf
+from hybrid.data.synthetic import CRITEO_KAGGLE, Profile, SyntheticGenerator
 from hybrid.shard_planners import PLANNERS, make_plan
 
 NAME = "sharding"
@@ -37,25 +38,22 @@ def repeats_note(kwargs: dict) -> str:
     return f"median of {kwargs.get('iterations', 30) - 1} iterations per rank, the planners alternating"
 
 
-def task_tables(n_tables: int, scale: float, seed: int):
-    """Cardinalities and popularity exponents of ``n_tables`` tables drawn from the Criteo-like profile."""
+def task_profile(n_tables: int) -> Profile:
+    """A task of ``n_tables`` tables drawn (with repeats) from the Criteo-like profile's, with their skews."""
     specs = CRITEO_KAGGLE.tables
-    picks = (uniform3(seed, stream_id("sharding-task", n_tables), np.arange(n_tables, dtype=np.uint64))
+    picks = (uniform3(0, stream_id("sharding-task", n_tables), np.arange(n_tables, dtype=np.uint64))
              * len(specs)).astype(np.int64)
-    return [specs[p].scaled(scale) for p in picks], [specs[p].zipf for p in picks]
+    tables = tuple(replace(specs[p], name=f"{specs[p].name}-{k}") for k, p in enumerate(picks))
+    return replace(CRITEO_KAGGLE, name=f"sharding-{n_tables}", tables=tables, n_dense=0)
 
 
-def task_batches(cardinalities, zipfs, *, batch: int, iterations: int, seed: int) -> list[np.ndarray]:
-    """Global row ids of ``iterations`` batches: per sample one id per table, by that table's popularity."""
-    offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]])
-    cdfs = [zipf_cdf(int(n), z) for n, z in zip(cardinalities, zipfs)]
-    batches = []
-    for it in range(iterations):
-        positions = np.arange(it * batch, (it + 1) * batch, dtype=np.uint64)
-        ids = np.stack([np.minimum(np.searchsorted(cdf, uniform3(seed, stream_id("sharding-row", t), positions)),
-                                   len(cdf) - 1) for t, cdf in enumerate(cdfs)], axis=1)
-        batches.append(np.unique(ids + offsets))
-    return batches
+def task_batches(n_tables: int, *, scale: float, batch: int, iterations: int, seed: int):
+    """The task's table cardinalities and ``iterations`` batches of its distinct global rows (the generator's)."""
+    generator = SyntheticGenerator(task_profile(n_tables), rows=batch * iterations, scale=scale, seed=seed)
+    sparse, _, _ = generator.chunk(0, batch * iterations)
+    offsets = np.concatenate([[0], np.cumsum(generator.cardinalities)[:-1]])
+    rows = sparse.astype(np.int64) + offsets
+    return generator.cardinalities, [np.unique(rows[it * batch:(it + 1) * batch]) for it in range(iterations)]
 
 
 def _time_ranks(stores: dict, batches, dim: int) -> dict:
@@ -92,8 +90,7 @@ def run(*, tasks=TASKS, ps_counts=(2, 4), planners=PLANNERS, batch: int = 4096, 
                          f"launch/mpirun.sh -n {1 + max(ps_counts)} python -m hybrid bench sharding")
     cases = []
     for n_tables, dim in tasks:
-        cardinalities, zipfs = task_tables(n_tables, scale, seed)
-        batches = task_batches(cardinalities, zipfs, batch=batch, iterations=iterations, seed=seed)
+        cardinalities, batches = task_batches(n_tables, scale=scale, batch=batch, iterations=iterations, seed=seed)
         for n_ps in ps_counts:
             ps_ranks = list(range(world.size - n_ps, world.size))
             stores = {}

@@ -15,8 +15,7 @@ def test_every_plan_is_timed_per_rank_and_its_ranks_share_the_batch():
     if MPI.COMM_WORLD.rank != 0:
         assert result is None
         return
-    cardinalities, zipfs = sharding_bench.task_tables(8, 0.001, 0)
-    batches = sharding_bench.task_batches(cardinalities, zipfs, batch=512, iterations=iterations, seed=0)
+    cardinalities, batches = sharding_bench.task_batches(8, scale=0.001, batch=512, iterations=iterations, seed=0)
     distinct = np.mean([len(b) for b in batches])
     assert [c["planner"] for c in result["cases"]] == ["row-ranges", "round-robin", "size"]
     for case in result["cases"]:
