@@ -39,17 +39,22 @@ def fill_initial_rows(out: np.ndarray, seed: int, first_row: int, scale: float |
 
 
 def fill_initial_runs(shard: np.ndarray, seed: int, runs, scale: float | None = None) -> None:
-    """Fill a PS shard in place from its plan's runs ``(local_start, first_row, count, stride)``.
+    """Fill a PS shard in place from its plan's runs ``(local_start, first_row, count, stride, col_lo, width)``.
 
-    Stride-1 runs (whole tables, row ranges) use the in-place kernel; rows
-    dealt round-robin are computed in chunks of at most 1 << 16 rows, so the
-    temporaries stay small whatever the shard.
+    Stride-1 runs of whole rows (whole tables, row ranges) use the in-place
+    kernel; rows dealt round-robin and column slices (the shard viewed as
+    rows of the slice's width) are computed in chunks of at most 1 << 16
+    rows, so the temporaries stay small whatever the shard.
     """
-    for start, first, count, stride in runs:
-        if stride == 1:
+    dim = shard.shape[1]
+    scale = _scale(dim, scale)  # a slice's values are its table's: the whole width sets the scale
+    for start, first, count, stride, col_lo, width in runs:
+        if stride == 1 and not width:
             fill_initial_rows(shard[start:start + count], seed, first, scale)
             continue
+        target = shard.reshape(-1, width) if width else shard
         for done in range(0, count, 1 << 16):
             n = min(1 << 16, count - done)
             rows = first + stride * (done + np.arange(n, dtype=np.int64))
-            shard[start + done:start + done + n] = initial_rows(seed, rows, shard.shape[1], shard.dtype, scale)
+            values = initial_rows(seed, rows, dim, shard.dtype, scale)
+            target[start + done:start + done + n] = values[:, col_lo:col_lo + width] if width else values

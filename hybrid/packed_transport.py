@@ -12,7 +12,10 @@ which owns the rows in its window memory, applies it:
   (``n`` int64 ids, then ``n * dim`` values); the PS overwrites or adds them
   (``hybrid._ext.row_kernels``) and answers with an empty acknowledgement;
 - HET's versions (one int64 per row, when the store keeps them) are read
-  and added the same way, under tags of their own.
+  and added the same way, under tags of their own;
+- a column slice of ``width`` values per row (a shard plan's slice) travels
+  with ``width`` in the tag above the kind (``kind | width << 4``), and the PS
+  addresses its shard as rows of that width.
 
 A handle completes when its replies have arrived, so a completed write is in
 the PS's memory: the ordering rules of section 11 hold as they do with
@@ -31,28 +34,32 @@ from mpi4py import MPI
 from hybrid._ext import row_kernels
 
 PULL, ROWS, PUT, ADD, DONE, VERSION_PULL, VERSIONS, VERSION_ADD = 1, 2, 3, 4, 5, 6, 7, 8
+_KIND_BITS = 4  # a tag's low bits: the kind; above them the column slice's width (0: whole rows)
 _IDLE_SLEEP_SECONDS = 0.00005
 
 
 def request_pull(channel: MPI.Comm, target: int, local_rows: np.ndarray, staging: np.ndarray,
-                 versions: bool = False) -> tuple[list, np.ndarray]:
+                 versions: bool = False, width: int = 0) -> tuple[list, np.ndarray]:
     """Start reading ``local_rows`` of ``target``'s shard (or their versions) into ``staging``;
-    returns the requests and the id buffer."""
+    returns the requests and the id buffer. ``width``: a column slice's (rows of that width)."""
     ids = np.ascontiguousarray(local_rows, dtype=np.int64)
     reply = channel.Irecv(staging, source=target, tag=VERSIONS if versions else ROWS)
-    request = channel.Isend([ids, MPI.BYTE], dest=target, tag=VERSION_PULL if versions else PULL)  # PS gets bytes
+    kind = VERSION_PULL if versions else PULL
+    request = channel.Isend([ids, MPI.BYTE], dest=target, tag=kind | width << _KIND_BITS)  # PS gets bytes
     return [reply, request], ids
 
 
 def request_write(channel: MPI.Comm, target: int, local_rows: np.ndarray, values: np.ndarray,
-                  positions: np.ndarray, tag: int) -> tuple[list, np.ndarray]:
-    """Start writing ``values[positions]`` to ``local_rows`` of ``target``'s shard; returns the requests and the buffer."""
+                  positions: np.ndarray, tag: int, width: int = 0) -> tuple[list, np.ndarray]:
+    """Start writing ``values[positions]`` to ``local_rows`` of ``target``'s shard; returns the requests and the buffer.
+
+    ``width``: a column slice's (``values`` are the slice's columns, rows of that width at the PS)."""
     n, dim = len(local_rows), values.shape[1]
     packed = np.empty(n * 8 + n * dim * values.itemsize, dtype=np.uint8)
     packed[:n * 8].view(np.int64)[:] = local_rows
     np.take(values, positions, axis=0, out=packed[n * 8:].view(values.dtype).reshape(n, dim))
     done = channel.Irecv([None, 0, MPI.BYTE], source=target, tag=DONE)
-    return [done, channel.Isend([packed, MPI.BYTE], dest=target, tag=tag)], packed
+    return [done, channel.Isend([packed, MPI.BYTE], dest=target, tag=tag | width << _KIND_BITS)], packed
 
 
 class PsService:
@@ -67,7 +74,6 @@ class PsService:
                  versions: np.ndarray | None = None):
         self.channel, self.shard, self.spin_seconds = channel, shard, spin_seconds
         self.versions = versions  # HET: the shard's row versions (int64), or None
-        self.row_bytes = shard.shape[1] * shard.itemsize
         self._replies: list = []  # (request, buffer) of replies in flight
 
     def serve_until(self, done: MPI.Request) -> None:
@@ -91,19 +97,21 @@ class PsService:
 
     def _answer(self, message: MPI.Message, status: MPI.Status) -> None:
         source, tag, size = status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
+        tag, width = tag & ((1 << _KIND_BITS) - 1), tag >> _KIND_BITS
+        shard = self.shard.reshape(-1, width) if width else self.shard  # a column slice: rows of its width
         if tag == PULL:
             ids = np.empty(size // 8, dtype=np.int64)
             message.Recv([ids, MPI.BYTE])
-            rows = np.empty((len(ids), self.shard.shape[1]), dtype=self.shard.dtype)
-            row_kernels.gather_rows(self.shard, ids, rows)
+            rows = np.empty((len(ids), shard.shape[1]), dtype=shard.dtype)
+            row_kernels.gather_rows(shard, ids, rows)
             self._replies.append((self.channel.Isend(rows, dest=source, tag=ROWS), rows))
         elif tag in (PUT, ADD):
             packed = np.empty(size, dtype=np.uint8)
             message.Recv([packed, MPI.BYTE])
-            n = size // (8 + self.row_bytes)
+            n = size // (8 + shard.shape[1] * shard.itemsize)
             ids = packed[:n * 8].view(np.int64)
-            values = packed[n * 8:].view(self.shard.dtype).reshape(n, self.shard.shape[1])
-            (row_kernels.add_rows if tag == ADD else row_kernels.put_rows)(self.shard, ids, values)
+            values = packed[n * 8:].view(shard.dtype).reshape(n, shard.shape[1])
+            (row_kernels.add_rows if tag == ADD else row_kernels.put_rows)(shard, ids, values)
             self._replies.append((self.channel.Isend([None, 0, MPI.BYTE], dest=source, tag=DONE), None))
         elif tag == VERSION_PULL and self.versions is not None:
             ids = np.empty(size // 8, dtype=np.int64)

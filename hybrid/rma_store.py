@@ -73,7 +73,7 @@ class Handle:
     targets: list = field(default_factory=list)  # PS ranks to flush (rma)
     version_targets: list = field(default_factory=list)  # PS ranks to flush in the versions window (rma)
     requests: list = field(default_factory=list)  # messages to complete (packed)
-    scatter: list = field(default_factory=list)  # (destination, positions, staging) for reads
+    scatter: list = field(default_factory=list)  # (destination, positions, staging, columns) for reads
     buffers: list = field(default_factory=list)  # origin buffers MPI may read until the flush
     done: bool = False
 
@@ -82,8 +82,11 @@ class Handle:
 
     def _finish(self) -> None:
         """After the flush: place read rows, release origin buffers."""
-        for destination, positions, staging in self.scatter:
-            destination[positions] = staging
+        for destination, positions, staging, columns in self.scatter:
+            if columns is None:
+                destination[positions] = staging
+            else:  # column slices: each piece's row, at its own columns
+                destination[positions[:, None], columns] = staging
         self.buffers.clear()
         self.done = True
 
@@ -120,10 +123,18 @@ class EmbeddingStore:
         if self.plan.n_rows != n_rows or self.plan.n_shards != len(self.ps_ranks):
             raise ValueError(f"the shard plan places {self.plan.n_rows} rows on {self.plan.n_shards} shards; "
                              f"the store has {n_rows} rows on {len(self.ps_ranks)} PS ranks")
+        if self.plan.columns and self.plan.dim != dim:
+            raise ValueError(f"the shard plan slices width-{self.plan.dim} rows; the store's rows are {dim} wide")
+        if self.plan.columns and versions:
+            raise ValueError("HET's row versions need whole rows on one PS rank: use a plan without column slices")
+        if self.transport == "packed" and self.plan.columns and self.dim >= 1 << 11:
+            raise ValueError(f"column slices of width-{self.dim} rows do not fit a packed message's tag "
+                             f"(widths below 2048): use transport rma or a plan without column slices")
         self.is_ps = comm.rank in self.ps_ranks
         self.row_bytes = dim * self.dtype.itemsize
         self.basic = _MPI_TYPES[self.dtype]
         self.row_type = self.basic.Create_contiguous(dim).Commit()
+        self._slice_types: dict = {}  # column slices' row types, by width
         index = self.ps_ranks.index(comm.rank) if self.is_ps else -1
         size = int(self.plan.sizes[index]) if self.is_ps else 0
         try:
@@ -161,26 +172,53 @@ class EmbeddingStore:
         self.rows_moved = {"pull": 0, "put": 0, "accumulate": 0, "version_read": 0, "version_add": 0}
 
     # ------------------------------------------------------------ operations
-    def _batches(self, rows: np.ndarray):
-        """(target rank, positions in ``rows``, local rows) per PS rank, rows sorted per target."""
+    def _batches(self, rows: np.ndarray, only: Optional[int] = None):
+        """(target rank, positions in ``rows``, local rows, columns) per PS rank and piece width.
+
+        ``columns`` is None for whole rows; for column slices it is each
+        piece's column indices ``[n, width]``, and the local rows count rows
+        of that width. All pieces of one width on one rank travel together,
+        whichever columns they hold: one operation per rank and width.
+        ``only``: the pieces on that PS shard.
+        """
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) and (rows.min() < 0 or rows.max() >= self.plan.n_rows):
             raise ValueError(f"rows must be in [0, {self.plan.n_rows}), got [{rows.min()}, {rows.max()}]")
         if self.channel is not None and len(rows) * (8 + self.row_bytes) > _MAX_MESSAGE_BYTES:
             raise ValueError(f"{len(rows)} rows of {self.row_bytes} bytes exceed one MPI message; split them")
-        shard, local = self.plan.locate(rows)
-        order = np.argsort(shard, kind="stable")
-        bounds = np.searchsorted(shard[order], np.arange(len(self.ps_ranks) + 1))
-        for s, target in enumerate(self.ps_ranks):
-            positions = order[bounds[s]:bounds[s + 1]]
-            if len(positions):
-                yield target, positions, local[positions]
+        if not self.plan.columns:
+            shard, local = self.plan.locate(rows)
+            order = np.argsort(shard, kind="stable")
+            bounds = np.searchsorted(shard[order], np.arange(len(self.ps_ranks) + 1))
+            for s, target in enumerate(self.ps_ranks):
+                positions = order[bounds[s]:bounds[s + 1]]
+                if len(positions) and only in (None, s):
+                    yield target, positions, local[positions], None
+            return
+        position, local, col_lo, bounds = self.plan.routes(rows, only)
+        for key in np.flatnonzero(np.diff(bounds)):
+            s, w = divmod(int(key), self.dim + 1)
+            mine = slice(bounds[key], bounds[key + 1])
+            columns = None if w == self.dim else col_lo[mine, None] + np.arange(w)
+            yield self.ps_ranks[s], position[mine], local[mine], columns
 
-    def _target_type(self, local_rows: np.ndarray) -> MPI.Datatype:
-        return self.row_type.Create_indexed_block(1, local_rows.astype(np.int32).tolist()).Commit()
+    def _target_type(self, local_rows: np.ndarray, columns: Optional[np.ndarray]) -> MPI.Datatype:
+        """The target rows as an indexed type of rows of the pieces' width (displacements count those rows)."""
+        width = self.dim if columns is None else columns.shape[1]
+        if width == self.dim:
+            row = self.row_type
+        else:
+            row = self._slice_types.get(width)
+            if row is None:
+                row = self._slice_types[width] = self.basic.Create_contiguous(width).Commit()
+        return row.Create_indexed_block(1, local_rows.astype(np.int32).tolist()).Commit()
 
-    def pull(self, rows: np.ndarray, out: np.ndarray, at: Optional[np.ndarray] = None) -> Handle:
-        """Start reading ``rows[i]`` into ``out[i]``, or into ``out[at[i]]`` (e.g. cache slots)."""
+    def pull(self, rows: np.ndarray, out: np.ndarray, at: Optional[np.ndarray] = None, *,
+             only: Optional[int] = None) -> Handle:
+        """Start reading ``rows[i]`` into ``out[i]``, or into ``out[at[i]]`` (e.g. cache slots).
+
+        ``only``: read just what PS shard ``only`` holds of the rows (timing one rank's share).
+        """
         if at is None:
             self._check_values(rows, out, "out")
         elif len(at) != len(rows) or out.ndim != 2 or out.shape[1] != self.dim or out.dtype != self.dtype:
@@ -188,18 +226,19 @@ class EmbeddingStore:
                              f"got {out.shape} {out.dtype} and {len(at)} positions")
         self.rows_moved["pull"] += len(rows)
         handle = Handle(self)
-        for target, positions, local in self._batches(rows):
-            staging = np.empty((len(positions), self.dim), dtype=self.dtype)
+        for target, positions, local, columns in self._batches(rows, only):
+            staging = np.empty((len(positions), self.dim if columns is None else columns.shape[1]), dtype=self.dtype)
             if self.channel is not None:
-                requests, ids = packed_transport.request_pull(self.channel, target, local, staging)
+                requests, ids = packed_transport.request_pull(self.channel, target, local, staging,
+                                                              width=self._slice_width(columns))
                 handle.requests += requests
                 handle.buffers.append(ids)
             else:
-                ttype = self._target_type(local)
-                self.win.Get([staging, len(positions), self.row_type], target, target=(0, 1, ttype))
+                ttype = self._target_type(local, columns)
+                self.win.Get([staging, staging.size, self.basic], target, target=(0, 1, ttype))
                 ttype.Free()
                 handle.targets.append(target)
-            handle.scatter.append((out, positions if at is None else at[positions], staging))
+            handle.scatter.append((out, positions if at is None else at[positions], staging, columns))
         return handle
 
     def read_versions(self, rows: np.ndarray, out: np.ndarray) -> Handle:
@@ -210,7 +249,7 @@ class EmbeddingStore:
             raise ValueError(f"out: expected ({len(rows)},) int64, got {out.shape} {out.dtype}")
         self.rows_moved["version_read"] += len(rows)
         handle = Handle(self)
-        for target, positions, local in self._batches(rows):
+        for target, positions, local, _ in self._batches(rows):
             staging = np.empty((len(positions), 1), dtype=np.int64)
             if self.channel is not None:
                 requests, ids = packed_transport.request_pull(self.channel, target, local, staging, versions=True)
@@ -221,7 +260,7 @@ class EmbeddingStore:
                 self.version_win.Get([staging, len(positions), MPI.INT64_T], target, target=(0, 1, ttype))
                 ttype.Free()
                 handle.version_targets.append(target)
-            handle.scatter.append((out, positions, staging[:, 0]))
+            handle.scatter.append((out, positions, staging[:, 0], None))
         return handle
 
     def add_versions(self, rows: np.ndarray, counts: np.ndarray) -> Handle:
@@ -233,7 +272,7 @@ class EmbeddingStore:
             raise ValueError(f"counts: expected {len(rows)}, got {len(counts)}")
         self.rows_moved["version_add"] += len(rows)
         handle = Handle(self)
-        for target, positions, local in self._batches(rows):
+        for target, positions, local, _ in self._batches(rows):
             if self.channel is not None:
                 requests, packed = packed_transport.request_write(self.channel, target, local, counts, positions,
                                                                   packed_transport.VERSION_ADD)
@@ -249,29 +288,33 @@ class EmbeddingStore:
             handle.buffers.append(staging)
         return handle
 
-    def put(self, rows: np.ndarray, values: np.ndarray) -> Handle:
+    def put(self, rows: np.ndarray, values: np.ndarray, *, only: Optional[int] = None) -> Handle:
         """Start overwriting ``rows`` with ``values`` (rows owned exclusively by the caller)."""
-        return self._write(rows, values, accumulate=False)
+        return self._write(rows, values, accumulate=False, only=only)
 
-    def accumulate(self, rows: np.ndarray, values: np.ndarray) -> Handle:
+    def accumulate(self, rows: np.ndarray, values: np.ndarray, *, only: Optional[int] = None) -> Handle:
         """Start adding ``values`` to ``rows`` (element-wise atomic sum at the PS)."""
-        return self._write(rows, values, accumulate=True)
+        return self._write(rows, values, accumulate=True, only=only)
 
-    def _write(self, rows, values, accumulate: bool) -> Handle:
+    def _write(self, rows, values, accumulate: bool, only: Optional[int]) -> Handle:
         self._check_values(rows, values, "values")
         self.rows_moved["accumulate" if accumulate else "put"] += len(rows)
         handle = Handle(self)
-        for target, positions, local in self._batches(rows):
+        for target, positions, local, columns in self._batches(rows, only):
+            if columns is not None:  # the pieces' values, gathered once
+                values_of, positions = values[positions[:, None], columns], np.arange(len(positions))
+            else:
+                values_of = values
             if self.channel is not None:  # the rows go straight into the message, one copy
+                kind = packed_transport.ADD if accumulate else packed_transport.PUT
                 requests, packed = packed_transport.request_write(
-                    self.channel, target, local, values, positions,
-                    packed_transport.ADD if accumulate else packed_transport.PUT)
+                    self.channel, target, local, values_of, positions, kind, width=self._slice_width(columns))
                 handle.requests += requests
                 handle.buffers.append(packed)
                 continue
-            staging = np.ascontiguousarray(values[positions], dtype=self.dtype)
-            ttype = self._target_type(local)
-            origin = [staging, len(positions), self.row_type]
+            staging = np.ascontiguousarray(values_of[positions], dtype=self.dtype)
+            ttype = self._target_type(local, columns)
+            origin = [staging, staging.size, self.basic]
             if accumulate:
                 self.win.Accumulate(origin, target, target=(0, 1, ttype), op=MPI.SUM)
             else:
@@ -293,6 +336,10 @@ class EmbeddingStore:
             MPI.Request.Waitall(requests)
         for handle in pending:
             handle._finish()
+
+    def _slice_width(self, columns: Optional[np.ndarray]) -> int:
+        """A packed message's column width: 0 for whole rows."""
+        return 0 if columns is None else columns.shape[1]
 
     def _check_values(self, rows, array, name) -> None:
         expected = (len(rows), self.dim)
@@ -334,6 +381,8 @@ class EmbeddingStore:
             self.version_win.Free()
             self.version_win = None
         self.row_type.Free()
+        for row in self._slice_types.values():
+            row.Free()
         if self.channel is not None:
             self.channel.Free()
         self.win = None

@@ -109,7 +109,8 @@ def make_plan(name: str, cardinalities, n_shards: int, *, dim: int, cap_rows: Op
 
 
 def shard_load(plan: ShardPlan, batches) -> np.ndarray:
-    """Mean distinct rows each PS rank serves per global batch (global row ids), over ``batches``.
+    """Mean distinct rows each PS rank serves per global batch (global row ids), over ``batches``
+    (a row whose columns are sliced over ranks counts on each of them).
 
     Each distinct row a batch needs is read from (and its update written to)
     its rank at most about once per iteration, so this is the rows each rank
@@ -118,6 +119,6 @@ def shard_load(plan: ShardPlan, batches) -> np.ndarray:
     total = np.zeros(plan.n_shards)
     n = 0
     for rows in batches:
-        total += np.bincount(plan.shard_of(np.unique(rows)), minlength=plan.n_shards)
+        total += np.bincount(plan.pieces(np.unique(rows), max(plan.dim, 1))[1], minlength=plan.n_shards)
         n += 1
     return total / max(1, n)

@@ -100,7 +100,8 @@ def _shard_plan(config: Config, n_rows: int) -> tuple[Optional[ShardPlan], str]:
         plan = ShardPlan.contiguous(n_rows, config.cluster.ps)
         return plan, plan.fingerprint
     try:
-        plan = ShardPlan.load(config.cluster.shard_plan, n_rows=n_rows, n_shards=config.cluster.ps)
+        plan = ShardPlan.load(config.cluster.shard_plan, n_rows=n_rows, n_shards=config.cluster.ps,
+                              dim=config.model.embedding_dim)
     except ShardPlanError as err:
         return None, f"cluster.shard_plan: {err}"
     return plan, plan.fingerprint

@@ -150,7 +150,7 @@ class HybridTrainer:
         het = sync is Sync.het_clocks
         self.saves = sync not in (Sync.het_clocks, Sync.fae_replicas)  # HET and FAE are not checkpointed yet
         if plan is None and config.cluster.shard_plan:
-            plan = ShardPlan.load(config.cluster.shard_plan, n_rows=n_rows, n_shards=config.cluster.ps)
+            plan = ShardPlan.load(config.cluster.shard_plan, n_rows=n_rows, n_shards=config.cluster.ps, dim=dim)
         self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, dim, dtype=self.dtype,
                                     init=self._initial_rows(resume), transport=config.cluster.transport.value,
                                     spin_seconds=0.0 if roles.oversubscribed else 0.002, versions=het, plan=plan)

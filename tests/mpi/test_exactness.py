@@ -7,6 +7,7 @@ on the whole global batch within 1e-9.
 """
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -14,7 +15,7 @@ import distributed_run
 from hybrid.bench import case_overrides
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
-from hybrid.shard_plan import ShardPlan
+from hybrid.shard_plan import Columns, ShardPlan
 from hybrid.shard_planners import make_plan
 from shared_store import shared_store
 
@@ -82,12 +83,26 @@ def test_exact_under_heavy_cache_churn(store_path, mode, overlap, transport):
             assert sum(r["counts"]["writeback"] for r in run.log) > 100
 
 
+def _sliced_plan(cardinalities, n_ps: int, dim: int) -> ShardPlan:
+    """Tables in turn split into column halves and quarters over the PS ranks, whole, and dealt by rows."""
+    placements = []
+    for t in range(len(cardinalities)):
+        kind = t % 4
+        if kind in (0, 1):
+            parts = 2 if kind == 0 else 4
+            placements.append(Columns(tuple((t + j) % n_ps for j in range(parts))))
+        else:
+            placements.append(t % n_ps if kind == 2 else list(range(n_ps)))
+    offsets = [0, *np.cumsum(cardinalities).tolist()]
+    return ShardPlan.from_tables(offsets, placements, n_ps, "column-slices", dim=dim)
+
+
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("planner", ["round-robin", "size", "random"])
+@pytest.mark.parametrize("planner", ["round-robin", "size", "random", "column-slices"])
 @pytest.mark.parametrize("transport", ["rma", "packed"])
 def test_exact_under_any_shard_plan(store_path, planner, transport):
-    """Tables placed whole, or their rows dealt over the PS ranks: the same model as the reference."""
+    """Tables placed whole, their rows dealt over the PS ranks, or their columns sliced: the same model."""
     world = MPI.COMM_WORLD
     n_ps = 2
     plan_path = Path(store_path).parent / f"plan-{planner}.json"
@@ -98,7 +113,8 @@ def test_exact_under_any_shard_plan(store_path, planner, transport):
                  f"cluster.shard_plan={plan_path}"]
     config = load_config(None, overrides)
     store = BatchStore(store_path)
-    plan = make_plan(planner, store.cardinalities, n_ps, dim=4, seed=13)
+    plan = make_plan(planner, store.cardinalities, n_ps, dim=4, seed=13) if planner != "column-slices" else \
+        _sliced_plan(store.cardinalities, n_ps, dim=4)
     if world.rank == 0:
         plan.save(plan_path)
     world.Barrier()

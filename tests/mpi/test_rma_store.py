@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from hybrid.embedding_init import fill_initial_runs, initial_rows
 from hybrid.rma_store import EmbeddingStore
-from hybrid.shard_plan import ShardPlan
+from hybrid.shard_plan import Columns, ShardPlan
 
 N_ROWS, DIM = 103, 6
 TRANSPORTS = pytest.mark.parametrize("transport", ["rma", "packed"])
@@ -24,17 +24,31 @@ def _fill(shard, runs):
 
 
 def _plan(layout: str, n_ps: int):
-    """The default row ranges, or three tables (40, 13, 50 rows) placed whole or dealt round-robin."""
+    """The default row ranges, or three tables (40, 13, 50 rows) placed whole, dealt round-robin or
+    split into column slices (halves and thirds: slices of two widths share a shard)."""
     if layout == "row-ranges":
         return None
     offsets = [0, 40, 53, N_ROWS]
     if layout == "whole-tables":
         return ShardPlan.from_tables(offsets, [n_ps - 1, 0, n_ps - 1], n_ps, layout)
+    if layout == "column-slices":
+        last = n_ps - 1
+        return ShardPlan.from_tables(offsets, [Columns((last, 0)), 0, Columns((0, last, 0))], n_ps, layout, dim=DIM)
     return ShardPlan.from_tables(offsets, [list(range(n_ps)), n_ps - 1, list(reversed(range(n_ps)))], n_ps, layout)
 
 
+def _holds_its_plans_values(shard, runs) -> bool:
+    """A PS shard holds, at each run's local rows, its rows' initial values (their columns, for a slice)."""
+    for start, first, count, stride, col_lo, width in runs:
+        rows = first + stride * np.arange(count)
+        held = shard.reshape(-1, width or DIM)[start:start + count]
+        if not np.array_equal(held, _init(rows)[:, col_lo:col_lo + (width or DIM)]):
+            return False
+    return True
+
+
 @TRANSPORTS
-@pytest.mark.parametrize("layout", ["row-ranges", "whole-tables", "round-robin"])
+@pytest.mark.parametrize("layout", ["row-ranges", "whole-tables", "round-robin", "column-slices"])
 @pytest.mark.parametrize("n_ps", [pytest.param(1, marks=pytest.mark.mpi(min_size=2)),
                                   pytest.param(2, marks=pytest.mark.mpi(min_size=3))])  # at least one worker
 def test_workers_read_sum_and_overwrite_rows_of_every_shard(n_ps, transport, layout):
@@ -45,11 +59,17 @@ def test_workers_read_sum_and_overwrite_rows_of_every_shard(n_ps, transport, lay
     store = EmbeddingStore(world, ps_ranks, N_ROWS, DIM, dtype=np.float64, init=_fill, transport=transport,
                            plan=_plan(layout, n_ps))
     if world.rank in ps_ranks:  # each PS rank holds its plan's rows, in its plan's local order
-        assert np.array_equal(store.shard, _init(store.plan.rows_of(ps_ranks.index(world.rank))))
+        assert _holds_its_plans_values(store.shard, store.plan.runs(ps_ranks.index(world.rank)))
     rows = np.array([0, 102, 51, 52, 5, 99, 50], dtype=np.int64)  # spans both shards, unsorted
     got = np.empty((len(rows), DIM))
     if world.rank in workers:
         store.pull(rows, got).wait()
+        parts = np.zeros((len(rows), DIM))
+        for s in range(n_ps):  # each shard's share of the rows (whole rows or slices) adds up to the rows
+            share = np.zeros((len(rows), DIM))
+            store.pull(rows, share, only=s).wait()
+            parts += share
+        assert np.allclose(parts, _init(rows), rtol=0, atol=1e-15)
     store.barrier()  # every first read completes before anyone adds: else a worker could read a sum
     if world.rank in workers:
         # every worker adds (its rank + 1) to shared rows, concurrently

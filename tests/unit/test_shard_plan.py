@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from hybrid.cli import main
 from hybrid.embedding_init import fill_initial_runs, initial_rows
-from hybrid.shard_plan import Segment, ShardPlan, ShardPlanError, layout_mismatch
+from hybrid.shard_plan import Columns, Segment, ShardPlan, ShardPlanError, layout_mismatch
 from hybrid.shard_planners import PLANNERS, make_plan, shard_load
 
 
@@ -49,6 +49,77 @@ def test_a_shard_filled_from_its_runs_holds_its_rows_initial_values():
         shard = np.empty((plan.sizes[s], 4), np.float32)
         fill_initial_runs(shard, 9, plan.runs(s))
         assert np.array_equal(shard, initial_rows(9, plan.rows_of(s), 4, np.float32))
+
+
+DIM = 8
+
+
+@st.composite
+def sliced_plans(draw):
+    """Tables placed whole, dealt by rows, or split into 2, 4 or 8 column slices (on any shards)."""
+    n_shards = draw(st.integers(1, 4))
+    sizes = draw(st.lists(st.integers(1, 30), min_size=1, max_size=6))
+    placements = []
+    for _ in sizes:
+        kind = draw(st.sampled_from(["whole", "rows", "columns"]))
+        if kind == "whole":
+            placements.append(draw(st.integers(0, n_shards - 1)))
+        elif kind == "rows":
+            placements.append(draw(st.permutations(range(n_shards)))[:draw(st.integers(1, n_shards))])
+        else:
+            parts = draw(st.sampled_from([2, 4, 8]))
+            placements.append(Columns(tuple(draw(st.lists(st.integers(0, n_shards - 1), min_size=parts,
+                                                          max_size=parts)))))
+    offsets = [0, *np.cumsum(sizes).tolist()]
+    return ShardPlan.from_tables(offsets, placements, n_shards, "drawn", dim=DIM), offsets, placements
+
+
+@settings(max_examples=200, deadline=None)
+@given(sliced_plans())
+def test_every_row_and_column_has_one_place_and_shards_hold_their_pieces_values(case):
+    plan, offsets, placements = case
+    rows = np.arange(plan.n_rows)
+    position, shard, local, col_lo, width = plan.pieces(rows, DIM)
+    cells = [(p, c) for p, lo, w in zip(position.tolist(), col_lo.tolist(), width.tolist()) for c in range(lo, lo + w)]
+    assert sorted(cells) == [(r, c) for r in range(plan.n_rows) for c in range(DIM)]  # every value once
+    shards = [np.full((plan.sizes[s], DIM), np.nan, np.float32) for s in range(plan.n_shards)]
+    for s in range(plan.n_shards):
+        fill_initial_runs(shards[s], 9, plan.runs(s))
+        assert not np.isnan(shards[s]).any() or plan.columns  # whole rows: the shard is dense
+    rebuilt = np.full((plan.n_rows, DIM), np.nan, np.float32)  # read every row back through its pieces
+    for p, s, at, lo, w in zip(position, shard, local, col_lo, width):
+        rebuilt[p, lo:lo + w] = shards[s].reshape(-1, w)[at]
+    assert np.array_equal(rebuilt, initial_rows(9, rows, DIM, np.float32))
+    used = [{(int(s), v) for s, at, w in zip(shard, local, width) for v in range(at * w, (at + 1) * w)
+             if s == k} for k in range(plan.n_shards)]
+    assert sum(map(len, used)) == plan.n_rows * DIM  # no value of a shard holds two pieces
+    for t, where in enumerate(placements):  # a table's values are on the shards it was placed on
+        mine = (position >= offsets[t]) & (position < offsets[t + 1])
+        allowed = set(where.shards) if isinstance(where, Columns) else (
+            {where} if np.isscalar(where) else set(where))
+        assert set(shard[mine].tolist()) <= allowed
+    again = ShardPlan(plan.n_rows, plan.n_shards, plan.to_dict()["segments"], dim=plan.dim)
+    assert again.fingerprint == plan.fingerprint
+
+
+def test_a_plan_without_column_slices_keeps_its_file_and_fingerprint():
+    plan = ShardPlan.from_tables([0, 10, 30], [0, [1, 0]], 2, "rows", dim=DIM)
+    assert "dim" not in plan.to_dict() and all("width" not in s for s in plan.to_dict()["segments"])
+    assert plan.fingerprint == ShardPlan.from_tables([0, 10, 30], [0, [1, 0]], 2, "rows").fingerprint
+    sliced = ShardPlan.from_tables([0, 10, 30], [Columns((0, 1)), [1, 0]], 2, "sliced", dim=DIM)
+    with pytest.raises(ShardPlanError, match="column"):
+        sliced.locate(np.arange(3))
+
+
+@pytest.mark.parametrize("segments, message", [
+    ([Segment(0, 0, 10, col_lo=0, width=4)], "do not cover"),
+    ([Segment(0, 0, 10, col_lo=0, width=4), Segment(1, 0, 10, col_lo=2, width=4)], "aligned"),
+    ([Segment(0, 0, 10, col_lo=0, width=3), Segment(1, 0, 10, col_lo=3, width=5)], "divide"),
+    ([Segment(0, 0, 10, col_lo=0, width=4), Segment(0, 0, 10, col_lo=4, width=4)], "held twice"),
+])
+def test_column_slices_that_do_not_cover_each_value_once_are_refused(segments, message):
+    with pytest.raises(ShardPlanError, match=message):
+        ShardPlan(10, 2, segments, dim=DIM)
 
 
 @pytest.mark.parametrize("segments, message", [
