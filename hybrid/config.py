@@ -282,6 +282,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. cluster.workers=4)")
     if overrides:
+        # ``key=`` is an empty value (e.g. cluster.shard_plan= for the default plan); OmegaConf would read null
+        overrides = [item + "''" if item.endswith("=") else item for item in overrides]
         with _errors_named("override "):
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
     with _errors_named(""):

@@ -38,6 +38,8 @@ training run.
 """
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -202,8 +204,36 @@ class EmbeddingStore:
             columns = None if w == self.dim else col_lo[mine, None] + np.arange(w)
             yield self.ps_ranks[s], position[mine], local[mine], columns
 
-    def _target_type(self, local_rows: np.ndarray, columns: Optional[np.ndarray]) -> MPI.Datatype:
-        """The target rows as an indexed type of rows of the pieces' width (displacements count those rows)."""
+    def _by_target(self, rows: np.ndarray, only: Optional[int]):
+        """(target rank, [(positions, local rows, columns), ...]): a rank's pieces, one entry per width."""
+        for target, group in itertools.groupby(self._batches(rows, only), key=lambda batch: batch[0]):
+            yield target, [batch[1:] for batch in group]
+
+    def _staging(self, parts) -> tuple[np.ndarray, list]:
+        """One contiguous buffer for a rank's parts, and a ``[n, width]`` view of it per part, in order."""
+        widths = [self.dim if columns is None else columns.shape[1] for _, _, columns in parts]
+        sizes = [len(positions) * w for (positions, _, _), w in zip(parts, widths)]
+        flat = np.empty(sum(sizes), dtype=self.dtype)
+        bounds = np.cumsum([0, *sizes])
+        return flat, [flat[lo:hi].reshape(-1, w) for lo, hi, w in zip(bounds[:-1], bounds[1:], widths)]
+
+    def _target_type(self, parts) -> MPI.Datatype:
+        """A rank's target rows as one datatype, in the order of the parts' staging.
+
+        One width: an indexed type of rows of that width (displacements count
+        rows). Several widths (column slices): blocks of each piece's width at
+        its byte offset, so a rank costs one operation however its pieces
+        are cut.
+        """
+        if len(parts) > 1:
+            lengths, offsets = [], []
+            for _, local, columns in parts:
+                width = self.dim if columns is None else columns.shape[1]
+                lengths.append(np.full(len(local), width))
+                offsets.append(local * (width * self.dtype.itemsize))
+            return self.basic.Create_hindexed(np.concatenate(lengths).tolist(),
+                                              np.concatenate(offsets).tolist()).Commit()
+        _, local_rows, columns = parts[0]
         width = self.dim if columns is None else columns.shape[1]
         if width == self.dim:
             row = self.row_type
@@ -226,19 +256,21 @@ class EmbeddingStore:
                              f"got {out.shape} {out.dtype} and {len(at)} positions")
         self.rows_moved["pull"] += len(rows)
         handle = Handle(self)
-        for target, positions, local, columns in self._batches(rows, only):
-            staging = np.empty((len(positions), self.dim if columns is None else columns.shape[1]), dtype=self.dtype)
-            if self.channel is not None:
-                requests, ids = packed_transport.request_pull(self.channel, target, local, staging,
-                                                              width=self._slice_width(columns))
-                handle.requests += requests
-                handle.buffers.append(ids)
-            else:
-                ttype = self._target_type(local, columns)
-                self.win.Get([staging, staging.size, self.basic], target, target=(0, 1, ttype))
+        for target, parts in self._by_target(rows, only):
+            flat, staged = self._staging(parts)
+            if self.channel is not None:  # one message per width
+                for (_, local, columns), staging in zip(parts, staged):
+                    requests, ids = packed_transport.request_pull(self.channel, target, local, staging,
+                                                                  width=self._slice_width(columns))
+                    handle.requests += requests
+                    handle.buffers.append(ids)
+            else:  # one Get per rank, whatever the widths
+                ttype = self._target_type(parts)
+                self.win.Get([flat, flat.size, self.basic], target, target=(0, 1, ttype))
                 ttype.Free()
                 handle.targets.append(target)
-            handle.scatter.append((out, positions if at is None else at[positions], staging, columns))
+            for (positions, _, columns), staging in zip(parts, staged):
+                handle.scatter.append((out, positions if at is None else at[positions], staging, columns))
         return handle
 
     def read_versions(self, rows: np.ndarray, out: np.ndarray) -> Handle:
@@ -300,20 +332,26 @@ class EmbeddingStore:
         self._check_values(rows, values, "values")
         self.rows_moved["accumulate" if accumulate else "put"] += len(rows)
         handle = Handle(self)
-        for target, positions, local, columns in self._batches(rows, only):
-            if columns is not None:  # the pieces' values, gathered once
-                values_of, positions = values[positions[:, None], columns], np.arange(len(positions))
-            else:
-                values_of = values
-            if self.channel is not None:  # the rows go straight into the message, one copy
+        for target, parts in self._by_target(rows, only):
+            if self.channel is not None:  # one message per width; the rows go straight into it, one copy
                 kind = packed_transport.ADD if accumulate else packed_transport.PUT
-                requests, packed = packed_transport.request_write(
-                    self.channel, target, local, values_of, positions, kind, width=self._slice_width(columns))
-                handle.requests += requests
-                handle.buffers.append(packed)
+                for positions, local, columns in parts:
+                    if columns is not None:  # the pieces' values, gathered once
+                        values_of, positions = values[positions[:, None], columns], np.arange(len(positions))
+                    else:
+                        values_of = values
+                    requests, packed = packed_transport.request_write(
+                        self.channel, target, local, values_of, positions, kind, width=self._slice_width(columns))
+                    handle.requests += requests
+                    handle.buffers.append(packed)
                 continue
-            staging = np.ascontiguousarray(values_of[positions], dtype=self.dtype)
-            ttype = self._target_type(local, columns)
+            staging, staged = self._staging(parts)  # one Put or Accumulate per rank, whatever the widths
+            for (positions, _, columns), view in zip(parts, staged):
+                if columns is None:
+                    np.take(values, positions, axis=0, out=view)
+                else:
+                    view[:] = values[positions[:, None], columns]
+            ttype = self._target_type(parts)
             origin = [staging, staging.size, self.basic]
             if accumulate:
                 self.win.Accumulate(origin, target, target=(0, 1, ttype), op=MPI.SUM)

@@ -43,6 +43,11 @@ def test_overrides_apply_with_types():
     assert config.model.top_mlp == [8, 4]
 
 
+def test_an_empty_override_is_an_empty_value():
+    plain = load_config(CONFIGS[0], ["cluster.shard_plan=plans/x.json"])
+    assert load_config(CONFIGS[0], ["cluster.shard_plan="]).cluster.shard_plan == "" != plain.cluster.shard_plan
+
+
 def test_digest_depends_on_values():
     base = load_config(CONFIGS[0])
     assert base.digest() == load_config(CONFIGS[0]).digest()
