@@ -39,7 +39,6 @@ training run.
 from __future__ import annotations
 
 import itertools
-
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -179,8 +178,9 @@ class EmbeddingStore:
 
         ``columns`` is None for whole rows; for column slices it is each
         piece's column indices ``[n, width]``, and the local rows count rows
-        of that width. All pieces of one width on one rank travel together,
-        whichever columns they hold: one operation per rank and width.
+        of that width. All pieces of one width on one rank come as one entry,
+        whichever columns they hold (one packed message; with one-sided
+        operations a rank's entries make one operation, see ``_target_type``).
         ``only``: the pieces on that PS shard.
         """
         rows = np.asarray(rows, dtype=np.int64)
