@@ -12,8 +12,8 @@ hardware. This module holds the learned half: the per-slice features
 serving cost model (DeepSets over the slices one rank holds: a shared
 per-slice MLP, a sum, a head MLP; the paper's Figure 5 after DreamShard), the
 communication cost model (an MLP over the bytes each rank moves), their
-training (:func:`fit_serving`, :func:`fit_comm`: MSE, Adam, a seeded held-out
-split) and :class:`CostModels`, which bundles both with how their data was
+training (:func:`fit_serving`, :func:`fit_comm`: MSE on the logarithm of the
+cost by default, Adam, a seeded held-out split) and :class:`CostModels`, which bundles both with how their data was
 collected and saves/loads them as plain tensors (``weights_only`` loading).
 """
 from __future__ import annotations
