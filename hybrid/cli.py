@@ -392,6 +392,15 @@ def cmd_bench_e2e(args) -> int:
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     table_out = _text_out(args)
     try:
+        if args.sharding:
+            from hybrid.bench import sharding_bench
+
+            document = e2e_bench.run_sharding(shape=shape, out=Path(args.out) / f"e2e-sharding-{shape.label()}",
+                                              iterations=args.iterations or 30, say=say)
+            print(sharding_bench.format_table(document["result"]), file=table_out)
+            if args.json:
+                print(json.dumps(document))
+            return 0
         if args.ps:
             rows = e2e_bench.run_ps(shape=shape, dims=args.dims, say=say)
             from hybrid.bench import ps_bench
@@ -702,6 +711,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="e2e (default movielens-100k,w1-scale0.1); transmissions (default w1,w2,w3,w4,ml100k,"
                         "ml100k-shuffled), cache-size (w1-s0.01,ml100k-b16), scale (one): names or config .yaml paths")
     p.add_argument("--ps", action="store_true", help="e2e: the store micro-benchmark across two emulated hosts")
+    p.add_argument("--sharding", action="store_true",
+                   help="e2e: hybrid bench sharding with each rank on its own emulated host (1 worker + 4 PS)")
     p.add_argument("--cost-model", default=None,
                    help="sharding: neuroshard's models (hybrid shard-costs train); default: collect and train first")
     p.add_argument("--planners", default=None, help="sharding: planners to compare (default: every baseline and "

@@ -98,7 +98,7 @@ def _time(store, rows: np.ndarray, only=None) -> float:
     return time.perf_counter() - start
 
 
-def collect(*, serving_samples: int = 800, comm_samples: int = 300, max_tables: int = 20, batch: int = 4096,
+def collect(*, serving_samples: int = 800, comm_samples: int = 300, max_tables: int = 60, batch: int = 4096,
             iterations: int = 6, scale: float = 0.001, seed: int = 0, say=lambda line: None) -> dict | None:
     """Measure ``serving_samples`` table sets and ``comm_samples`` placements; the samples on rank 0."""
     from mpi4py import MPI

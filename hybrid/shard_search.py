@@ -494,7 +494,10 @@ def neuroshard_search(n_tables: int, n_shards: int, dim: int, *,
     on distinct ranks) or, with ``row_wise``, deals a whole table's rows over
     all ranks (phase ``j`` on rank ``j``). Plans are identified by their
     splits, so the same splits reached by moves in another order are
-    evaluated once and fill one beam slot. The best plan seen at any step,
+    evaluated once and fill one beam slot. With ``row_wise`` the plan that
+    deals every table it can over all ranks (round-robin, which ``steps``
+    single moves cannot reach with more tables than steps) is a candidate
+    too. The best plan seen at any step,
     the empty column plan included, is returned: never worse than the
     no-split greedy grid search. With ``min_gain`` a plan replaces the best
     only if it is predicted at least that fraction cheaper: a split costs
@@ -532,6 +535,11 @@ def neuroshard_search(n_tables: int, n_shards: int, dim: int, *,
                 best_splits, best = child, plan
         order = sorted(range(len(children)), key=lambda i: (plans[i].key, i))
         beam = [children[i] for i in order[:beam_k]]
+    if row_wise and steps > 0:  # the row-wise plan itself: every table that can be dealt, beyond L steps' reach
+        dealt = tuple(("rows", n_shards) if search.can_split_rows(t) else WHOLE for t in range(n_tables))
+        plan = search.plans([dealt])[0]
+        if plan.key < best.key and (plan.overflow or best.overflow or plan.cost < best.cost * (1 - min_gain)):
+            best_splits, best = dealt, plan
     if best.overflow:
         raise ValueError(
             f"no plan found that fits the memory cap of {cap_rows} rows x {dim} values per PS rank: the closest "

@@ -216,6 +216,23 @@ def run_ps(*, shape: LinkShape = LinkShape(), dims=(16, 128, 512), say=print) ->
         return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def run_sharding(*, shape: LinkShape = LinkShape(), out: Path, iterations: int = 30, say=print) -> dict:
+    """``hybrid bench sharding`` with every rank on its own emulated host (1 worker + 4 PS); its document.
+
+    The cost data is collected across the same links, so the cost models
+    learn what the network charges, as they would on a cluster.
+    """
+    with EmulatedHosts(5, shape) as hosts:
+        argv = [sys.executable, "-m", "hybrid", "bench", "sharding", "--iterations", str(iterations),
+                "--out", str(Path(out).resolve())]
+        say(f"5 emulated hosts (1 worker + 4 PS ranks), links {shape.label()}")
+        env = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+        result = _run(_mpirun(hosts, 5, argv, env), env, RUN_TIMEOUT_S)
+        if result.returncode != 0:
+            raise RuntimeError(f"bench sharding failed with exit {result.returncode}:\n{result.stderr[-3000:]}")
+        return json.loads((Path(out) / "sharding.json").read_text())  # the file: other ranks share stdout
+
+
 def format_table(result: dict) -> str:
     width = max(9, *(len(mode) + 1 for modes in result.values() for mode in modes))
     lines = [f"{'workload':<16}{'mode':<{width}}{'samples/s':>10}{'speedup':>8}{'AUC':>8}{'rows/it':>9}"

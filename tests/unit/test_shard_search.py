@@ -195,6 +195,14 @@ def test_a_hot_table_is_split_and_beats_every_whole_table_placement(n_shards, ro
     assert result.cost < best_whole_placement(tables, n_shards, dim)
 
 
+def test_dealing_every_table_is_a_candidate_beyond_the_steps_reach():
+    tables, dim = [(4_000, 1_000)] * 7, 16  # 7 equally hot tables on 4 ranks: whole ones cannot balance
+    result = search(tables, 4, dim, steps=1)  # one move deals one table; the candidate deals all seven
+    check_plan(result, tables, 4, dim, None)
+    assert result.splits == [("rows", 4)] * 7
+    assert result.cost < search(tables, 4, dim, steps=1, row_wise=False).cost
+
+
 def test_a_split_must_buy_at_least_the_minimum_gain():
     tables, dim = hot_task(), 16
     split = search(tables, 2, dim)
