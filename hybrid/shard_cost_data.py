@@ -23,7 +23,7 @@ Rank 0 returns the samples; the other ranks return None.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -135,7 +135,7 @@ def collect(*, serving_samples: int = 800, comm_samples: int = 300, max_tables: 
                 for it in range(iterations):
                     rows = np.unique(np.concatenate([offsets[k] + ids[it] for k, ids in chosen]))
                     times.append(_time(store, rows, only=0))
-                serving_sets.append(tuple(_numbered(slices[k], t) for t, (k, _) in enumerate(chosen)))
+                serving_sets.append(tuple(replace(slices[k], table=t) for t, (k, _) in enumerate(chosen)))
                 serving_ms.append(1e3 * float(np.median(times[1:])))
                 if (n + 1) % 50 == 0:
                     say(f"serving costs: {n + 1}/{serving_samples} sets measured")
@@ -145,12 +145,6 @@ def collect(*, serving_samples: int = 800, comm_samples: int = 300, max_tables: 
         return None
     return {"serving_sets": serving_sets, "serving_ms": serving_ms, "comm_bytes": comm_bytes, "comm_ms": comm_ms,
             "batch": batch, "scale": scale, "ps_ranks": len(ps_ranks), "seconds": time.perf_counter() - started}
-
-
-def _numbered(piece: TableSlice, table: int) -> TableSlice:
-    """The slice as table ``table`` of its set (a set's tables are distinct)."""
-    return TableSlice(table=table, rows=piece.rows, width=piece.width, pooling=piece.pooling,
-                      distinct=piece.distinct, histogram=piece.histogram, part=piece.part)
 
 
 def _collect_comm(world, ps_ranks: list, samples: int, batch: int, iterations: int, seed: int, say):

@@ -308,7 +308,13 @@ class ShardPlan:
         if dim and values.get("dim", dim) != dim:
             raise ShardPlanError(f"{path}: slices columns of width-{values['dim']} rows; this run's embedding "
                                  f"width is {dim} (make it again with hybrid plan-shards)")
-        return cls(n_rows, n_shards, values["segments"], name=values.get("name", "custom"), dim=values.get("dim", 0))
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "ShardPlan":
+        """The plan :meth:`to_dict` wrote (checked as any plan is)."""
+        return cls(values["n_rows"], values["n_shards"], values["segments"], name=values.get("name", "custom"),
+                   dim=values.get("dim", 0))
 
 
 def layout_mismatch(meta: dict, plan: ShardPlan) -> Optional[str]:

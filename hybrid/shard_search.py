@@ -522,6 +522,10 @@ def neuroshard_search(n_tables: int, n_shards: int, dim: int, *,
     search = _Search(n_tables, n_shards, dim, slices, serving, comm, cap_rows, grid_m, min_width, row_wise,
                      itemsize)
     search.check_capacity()
+    def better(plan, best) -> bool:
+        """Fits where the best does not, or is cheaper by at least ``min_gain`` (see above)."""
+        return plan.key < best.key and bool(plan.overflow or best.overflow or plan.cost < best.cost * (1 - min_gain))
+
     start = (WHOLE,) * n_tables
     best_splits, best = start, search.plans([start])[0]
     beam = [start]
@@ -531,14 +535,14 @@ def neuroshard_search(n_tables: int, n_shards: int, dim: int, *,
             break
         plans = search.plans(children)
         for child, plan in zip(children, plans):   # strictly better only: ties keep the earlier plan
-            if plan.key < best.key and (plan.overflow or best.overflow or plan.cost < best.cost * (1 - min_gain)):
+            if better(plan, best):
                 best_splits, best = child, plan
         order = sorted(range(len(children)), key=lambda i: (plans[i].key, i))
         beam = [children[i] for i in order[:beam_k]]
     if row_wise and steps > 0:  # the row-wise plan itself: every table that can be dealt, beyond L steps' reach
         dealt = tuple(("rows", n_shards) if search.can_split_rows(t) else WHOLE for t in range(n_tables))
         plan = search.plans([dealt])[0]
-        if plan.key < best.key and (plan.overflow or best.overflow or plan.cost < best.cost * (1 - min_gain)):
+        if better(plan, best):
             best_splits, best = dealt, plan
     if best.overflow:
         raise ValueError(

@@ -115,10 +115,7 @@ def _neuroshard_plan(world, models, cardinalities, ids, n_ps: int, dim: int, sea
         plan, result = neuroshard.plan(cardinalities, sample, n_ps, dim, models)
         account = {"plan": plan.to_dict(), **neuroshard.account(result)}
     account = world.bcast(account, root=0)
-    values = account["plan"]
-    plan = ShardPlan(values["n_rows"], values["n_shards"], values["segments"], name=values["name"],
-                     dim=values.get("dim", 0))
-    return plan, account
+    return ShardPlan.from_dict(account["plan"]), account
 
 
 def run(*, tasks=TASKS, ps_counts=(2, 4), planners=ALL_PLANNERS, batch: int = 4096, iterations: int = 30,
