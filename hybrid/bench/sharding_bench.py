@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from hybrid.shard_planners import PLANNERS, make_plan
+from hybrid.shard_planners import PLANNERS, make_plan, shard_load
 from hybrid.sharding_tasks import global_batches, table_ids, task_profile
 
 NAME = "sharding"
@@ -157,7 +157,7 @@ def run(*, tasks=TASKS, ps_counts=(2, 4), planners=ALL_PLANNERS, batch: int = 40
             if world.rank == 0:
                 timed, together = _time_ranks(stores, batches, dim)
                 for planner, (plan, _) in stores.items():
-                    served = [float(np.mean([len(rows_on(plan, b, s, dim)) for b in batches])) for s in range(n_ps)]
+                    served = shard_load(plan, batches).tolist()
                     cases.append({"tables": n_tables, "dim": dim, "ps": n_ps, "planner": planner,
                                   "max_ms": max(timed[planner]), "ranks_ms": timed[planner],
                                   "all_ms": together[planner], "rows_served": [round(x, 1) for x in served],
