@@ -39,7 +39,7 @@ def fill_uniform_rows(floating[:, ::1] out, uint64_t seed, uint64_t stream, int6
                       int threads=1):
     """``out[i, j] = (2 u - 1) * scale``, ``u = uniform3(seed, stream, (first_row + i) * dim + j)``, in place.
 
-    The same values as ``hybrid.embedding_init.initial_rows`` (a test checks
+    The same values as ``hybrid.runtime.embedding_init.initial_rows`` (a test checks
     bit equality), written straight into ``out`` without temporaries, so a PS
     rank initializes its shard at memory speed with no extra memory.
     """

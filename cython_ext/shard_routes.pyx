@@ -31,7 +31,7 @@ def route(const int64_t[::1] rows, const int64_t[::1] group_lo, const int64_t[::
           int64_t dim, int64_t only):
     """Every piece of ``rows`` (on shard ``only``, or on all when ``only < 0``), grouped by (shard, width).
 
-    The plan's arrays are :class:`hybrid.shard_plan.ShardPlan`'s: per group
+    The plan's arrays are :class:`hybrid.runtime.shard_plan.ShardPlan`'s: per group
     its first row, stride, first segment and pieces per row; per segment its
     shard, base, first column and width (whole rows: ``dim``). Returns
     ``(position, local, col_lo, bounds)``: pieces in (shard, width, row)

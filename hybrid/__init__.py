@@ -1,6 +1,24 @@
 """Hybrid-parallel recommendation-model training with the Herald embedding scheduler.
 
-Subpackages: ``hybrid.data`` (store, formats, synthetic data). The command
-line is ``hybrid`` (``hybrid.cli``); the design is in docs/design.md.
+Packages, lowest first; a package imports only from those above it in this
+list, never from one below (``tests/unit/test_layout.py`` checks it):
+
+- ``hybrid._ext``: the Cython kernels (cluster state, LAIA, hashing, row routing).
+- ``hybrid.counter_hash``: counter-based hashing, the only randomness ranks share.
+- ``hybrid.data``: the sample store, public formats, synthetic data, fetching.
+- ``hybrid.config``, ``hybrid.models``: the typed config; the dense models.
+- ``hybrid.scheduling``: allocation, the cluster state's plans, the scheduler
+  thread, FAE's strips; pure computation, the same on every rank.
+- ``hybrid.runtime``: what moves bytes between ranks: roles and collectives,
+  the PS store and its transports, shard plans, checkpoint files, signals.
+- ``hybrid.sharding``: planners that place tables on PS ranks (NeuroShard).
+- ``hybrid.modes``: vanilla, herald, het and fae, each one module: its
+  scheduling choices and what it does at each stage of the training loop.
+- ``hybrid.training``: the training loop, the job around it, the simulator,
+  the single-process reference and the summary.
+- ``hybrid.bench``: the benchmarks (``hybrid bench ...``).
+- ``hybrid.cli``: the ``hybrid`` command, one module per command group.
+
+The design as built is in docs/design.md; docs/layout.md walks through the packages.
 """
 __version__ = "0.1.0"

@@ -2,7 +2,7 @@
 # Per-rank environment, run by the launchers in front of each rank's command:
 #   launch/rank_env.sh python -m hybrid train CONFIG ...
 # HYBRID_WORKERS (exported by launch/train.sh) says which ranks are workers: world
-# ranks 0 .. HYBRID_WORKERS-1; the rest are PS ranks (hybrid/comm.py).
+# ranks 0 .. HYBRID_WORKERS-1; the rest are PS ranks (hybrid/runtime/comm.py).
 # - PS ranks never see a GPU (CUDA_VISIBLE_DEVICES=""): they serve rows from host memory.
 # - A worker on a host with GPUs gets one, by its local rank.
 # - OMP_NUM_THREADS: this host's cores shared by its ranks (the trainer sets torch's own

@@ -12,7 +12,7 @@
 #   --dry-run            print the command, do not run it
 #
 # The rank count is cluster.workers + cluster.ps of the resolved config. World ranks
-# 0 .. workers-1 are the workers and the last ranks the PS ranks (hybrid/comm.py), so
+# 0 .. workers-1 are the workers and the last ranks the PS ranks (hybrid/runtime/comm.py), so
 # with --workers-on/--ps-on (filled in that order, --map-by slot) the PS ranks land on
 # the PS hosts. launch/rank_env.sh then keeps PS ranks off GPUs, gives each worker a GPU
 # where the host has them, and sets OMP_NUM_THREADS to the host's cores per rank.

@@ -1,1 +1,4 @@
-"""Compiled kernels built by setup.py from ``cython_ext/`` (see README: build)."""
+"""Compiled kernels built by setup.py from ``cython_ext/``.
+
+Imports nothing of ``hybrid``; everything else may import it.
+"""

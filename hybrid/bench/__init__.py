@@ -1,4 +1,7 @@
-"""Benchmarks (``hybrid bench NAME``): speed goals live here, never in unit tests."""
+"""Benchmarks (``hybrid bench NAME``): speed goals live here, never in unit tests.
+
+May import every package except ``hybrid.cli``.
+"""
 
 
 def case_overrides(case: str) -> list[str]:

@@ -35,7 +35,7 @@ def run(*, dims=(16, 128, 512), transports=("rma", "packed"), rows_per_op: int =
     """One result row per (dim, transport) on rank 0 (None elsewhere); collective over COMM_WORLD."""
     from mpi4py import MPI
 
-    from hybrid.rma_store import EmbeddingStore
+    from hybrid.runtime.rma_store import EmbeddingStore
 
     world = MPI.COMM_WORLD
     if world.size < 2:
@@ -73,7 +73,7 @@ def _contiguous(world, dim: int, rows_per_op: int, repeats: int) -> dict | None:
     """The baseline: the same bytes as one contiguous Get / Put into the PS's window (collective)."""
     from mpi4py import MPI
 
-    from hybrid.comm import idle_barrier
+    from hybrid.runtime.comm import idle_barrier
 
     target = world.size - 1
     buffer = np.ones(rows_per_op * dim, dtype=np.float32)

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from hybrid._ext.cluster_state import ClusterState
-from hybrid.allocation import LaiaAllocation, RandomAllocation
+from hybrid.scheduling.allocation import LaiaAllocation, RandomAllocation
 from hybrid.bench.result_files import deterministic_counts, finish, line_chart, markdown_table, pyplot
-from hybrid.brute_force import scheduling_quality
+from hybrid.scheduling.brute_force import scheduling_quality
 from hybrid.data.synthetic import PROFILES, SyntheticGenerator
 
 NAME = "quality"

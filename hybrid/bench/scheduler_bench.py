@@ -23,7 +23,7 @@ import numpy as np
 from hybrid.bench.result_files import finish, markdown_table, pyplot
 from hybrid.config import load_config
 from hybrid.data.synthetic import CRITEO_KAGGLE, SyntheticGenerator
-from hybrid.scheduler import Scheduler
+from hybrid.scheduling.scheduler import Scheduler
 
 NAME = "scheduler"
 TITLE = "Scheduling time per global batch by stage (paper Fig. 12)"

@@ -5,7 +5,7 @@ asked for (``launch/mpirun.sh -n 5 python -m hybrid bench sharding`` for 2
 and 4 PS ranks): rank 0 is the worker, the last ranks the PS ranks (a plan
 for fewer ranks uses the last of them; the others only join collectives).
 
-Task sets as NeuroShard's (:mod:`hybrid.sharding_tasks`): ``n`` tables
+Task sets as NeuroShard's (:mod:`hybrid.sharding.tasks`): ``n`` tables
 drawn from the Criteo-like pool, one embedding width per task (this store
 has one width for all tables). Each iteration is one global batch of
 ``batch`` samples of the synthetic generator, one id per table per sample.
@@ -31,8 +31,8 @@ import time
 
 import numpy as np
 
-from hybrid.shard_planners import PLANNERS, make_plan, shard_load
-from hybrid.sharding_tasks import global_batches, table_ids, task_profile
+from hybrid.sharding.planners import PLANNERS, make_plan, shard_load
+from hybrid.sharding.tasks import global_batches, table_ids, task_profile
 
 NAME = "sharding"
 TITLE = "Shard planners timed through the store (NeuroShard and its baselines)"
@@ -84,8 +84,8 @@ def _time_ranks(stores: dict, batches, dim: int) -> tuple[dict, dict]:
 
 def _cost_models(world, cost_model, collect_kwargs: dict, say):
     """The cost models (rank 0; None elsewhere) and how they were made: loaded, or collected and trained here."""
-    from hybrid import shard_cost_data
-    from hybrid.shard_costs import CostModels, fit_comm, fit_serving
+    from hybrid.sharding import cost_data as shard_cost_data
+    from hybrid.sharding.cost_models import CostModels, fit_comm, fit_serving
 
     if cost_model:
         models = CostModels.load(cost_model) if world.rank == 0 else None
@@ -106,8 +106,8 @@ def _cost_models(world, cost_model, collect_kwargs: dict, say):
 
 def _neuroshard_plan(world, models, cardinalities, ids, n_ps: int, dim: int, search_iterations: int):
     """The cost-model planner's plan, searched on rank 0 from the first iterations' ids, sent to every rank."""
-    from hybrid import neuroshard
-    from hybrid.shard_plan import ShardPlan
+    from hybrid.sharding import neuroshard
+    from hybrid.runtime.shard_plan import ShardPlan
 
     account = None
     if world.rank == 0:
@@ -124,7 +124,7 @@ def run(*, tasks=TASKS, ps_counts=(2, 4), planners=ALL_PLANNERS, batch: int = 40
     """Every planner's per-rank cost on every task and PS count; the result on rank 0 (collective)."""
     from mpi4py import MPI
 
-    from hybrid.rma_store import EmbeddingStore
+    from hybrid.runtime.rma_store import EmbeddingStore
 
     world = MPI.COMM_WORLD
     if world.size < 1 + max(ps_counts):

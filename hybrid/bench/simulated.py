@@ -4,7 +4,7 @@ A workload is a config plus overrides; its store is made when missing
 (synthetic ones with :func:`hybrid.data.synthetic.synthesize`, MovieLens-100k
 with :func:`hybrid.data.fetch.fetch_movielens_100k`), so a suite runs on a
 fresh checkout. A case is ``MODE[+KEY=VALUE...]`` (:func:`hybrid.bench.case_overrides`),
-counted with :func:`hybrid.simulator.simulate_mode` exactly as ``hybrid simulate`` counts it.
+counted with :func:`hybrid.training.simulator.simulate_mode` exactly as ``hybrid simulate`` counts it.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hybrid.bench import case_mode
 from hybrid.bench.result_files import ROOT
 from hybrid.config import Config, load_config
 from hybrid.data.store import BatchStore, StoreError
-from hybrid.simulator import simulate_mode
+from hybrid.training.simulator import simulate_mode
 
 # the paper's simulation setting (section 6.1): 8 workers, caches of 10% of the rows
 PAPER_SETTING = ("cluster.workers=8", "cache.ratio=0.1")

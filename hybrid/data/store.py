@@ -44,7 +44,7 @@ class GlobalBatch:
     dense: np.ndarray  # float32 [B, n_dense]
     labels: np.ndarray  # float32 [B]
     sample_ids: np.ndarray  # int64 [B], positions in the store
-    strip: Optional[object] = None  # FAE: its hybrid.fae_order.Strip
+    strip: Optional[object] = None  # FAE: its hybrid.scheduling.fae_order.Strip
 
     def __len__(self) -> int:
         return len(self.labels)

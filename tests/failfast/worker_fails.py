@@ -8,7 +8,8 @@ the time, so the test can tell how long the job took to end after it.
 import sys
 import time
 
-from hybrid import cli, trainer
+from hybrid import cli
+from hybrid.training import loop
 
 WHEN = sys.argv[1]
 
@@ -33,6 +34,6 @@ def _iteration(self, ready, *args, **kwargs):
     return original_iteration(self, ready, *args, **kwargs)
 
 
-original_device, original_iteration = trainer.HybridTrainer._device, trainer.HybridTrainer._iteration
-trainer.HybridTrainer._device, trainer.HybridTrainer._iteration = _device, _iteration
+original_device, original_iteration = loop.HybridTrainer._device, loop.HybridTrainer._iteration
+loop.HybridTrainer._device, loop.HybridTrainer._iteration = _device, _iteration
 sys.exit(cli.main(sys.argv[2:]))

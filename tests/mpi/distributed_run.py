@@ -5,9 +5,9 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
-from hybrid.comm import split_roles
-from hybrid.reference import train_reference
-from hybrid.trainer import HybridTrainer
+from hybrid.runtime.comm import split_roles
+from hybrid.training.reference import train_reference
+from hybrid.training.loop import HybridTrainer
 
 
 @dataclass

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hybrid import checkpoint as ckpt
-from hybrid.comm import split_roles
+from hybrid.runtime import checkpoint as ckpt
+from hybrid.runtime.comm import split_roles
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
-from hybrid.trainer import HybridTrainer
+from hybrid.training.loop import HybridTrainer
 from shared_store import shared_store
 
 

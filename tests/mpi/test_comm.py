@@ -2,7 +2,7 @@
 import pytest
 from mpi4py import MPI
 
-from hybrid.comm import AgreementError, RoleError, check_agreement, split_roles
+from hybrid.runtime.comm import AgreementError, RoleError, check_agreement, split_roles
 
 
 @pytest.mark.mpi(min_size=2)

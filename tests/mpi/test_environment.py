@@ -16,7 +16,7 @@ def test_horovod_allreduces_over_the_workers_only():
     import torch
     from mpi4py import MPI
 
-    from hybrid.comm import init_horovod, split_roles
+    from hybrid.runtime.comm import init_horovod, split_roles
 
     world = MPI.COMM_WORLD
     roles = split_roles(world.size - 1, 1)

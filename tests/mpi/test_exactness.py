@@ -15,8 +15,8 @@ import distributed_run
 from hybrid.bench import case_overrides
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
-from hybrid.shard_plan import Columns, ShardPlan
-from hybrid.shard_planners import make_plan
+from hybrid.runtime.shard_plan import Columns, ShardPlan
+from hybrid.sharding.planners import make_plan
 from shared_store import shared_store
 
 ITERATIONS = 25

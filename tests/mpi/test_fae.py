@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hybrid.comm import split_roles
+from hybrid.runtime.comm import split_roles
 from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore
-from hybrid.fae_order import replayed_batches
-from hybrid.reference import train_reference
-from hybrid.simulator import simulate_mode
-from hybrid.trainer import HybridTrainer
+from hybrid.scheduling.fae_order import replayed_batches
+from hybrid.training.reference import train_reference
+from hybrid.training.simulator import simulate_mode
+from hybrid.training.loop import HybridTrainer
 from shared_store import shared_store
 
 ITERATIONS = 70
@@ -68,7 +68,7 @@ def test_fae_equals_the_reference_on_its_own_order_and_the_simulation_counts_it(
     assert sum(r["counts"]["hot_push"] > 0 for r in log) >= 2 and len(losses) >= 2, "strips must switch"
     assert all(r["moved"]["allreduced"] == r["counts"]["hot_allreduce"] for r in log)
 
-    from hybrid.fae_scheduler import calibration_for
+    from hybrid.scheduling.fae_plans import calibration_for
     calibration = calibration_for(config, store, say=lambda *_: None)
     batches, _ = replayed_batches(store, calibration.hot_inputs, config.global_batch, shuffle=config.data.shuffle,
                                   seed=config.data.shuffle_seed, losses=losses)

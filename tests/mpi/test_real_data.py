@@ -14,7 +14,7 @@ import distributed_run
 from hybrid.config import Mode, load_config
 from hybrid.data.fetch import fetch_movielens_100k
 from hybrid.data.store import BatchStore
-from hybrid.simulator import simulate_mode
+from hybrid.training.simulator import simulate_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS = 40

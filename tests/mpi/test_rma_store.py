@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hybrid.embedding_init import fill_initial_runs, initial_rows
-from hybrid.rma_store import EmbeddingStore
-from hybrid.shard_plan import Columns, ShardPlan
+from hybrid.runtime.embedding_init import fill_initial_runs, initial_rows
+from hybrid.runtime.rma_store import EmbeddingStore
+from hybrid.runtime.shard_plan import Columns, ShardPlan
 
 N_ROWS, DIM = 103, 6
 TRANSPORTS = pytest.mark.parametrize("transport", ["rma", "packed"])

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hybrid import train_job
-from hybrid.comm import AgreementError, split_roles
+from hybrid.training import job as train_job
+from hybrid.runtime.comm import AgreementError, split_roles
 from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore, StoreError, _fingerprint
-from hybrid.simulator import simulate_mode
-from hybrid.trainer import HybridTrainer
+from hybrid.training.simulator import simulate_mode
+from hybrid.training.loop import HybridTrainer
 from shared_store import shared_store
 
 
@@ -190,7 +190,7 @@ def test_a_train_split_smaller_than_one_global_batch_is_an_error(store_path):
 @pytest.mark.timeout(300)
 def test_adaptive_laia_under_a_budget_scores_the_tables_every_worker_agreed_on(store_path, monkeypatch):
     """Each rank measures another cost of scoring; the slowest decides, so the plans stay equal."""
-    from hybrid.allocation import AdaptiveLaiaAllocation
+    from hybrid.scheduling.allocation import AdaptiveLaiaAllocation
 
     world = MPI.COMM_WORLD
     monkeypatch.setattr(AdaptiveLaiaAllocation, "measure_cost_ms", lambda self, rows, repeats=5: 0.1 * (world.rank + 1))

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hybrid import sharding_tasks
+from hybrid.sharding import tasks as sharding_tasks
 from hybrid.bench import sharding_bench
 
 

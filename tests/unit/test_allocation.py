@@ -5,9 +5,9 @@ from hypothesis import given, settings, strategies as st
 
 from hybrid._ext import laia
 from hybrid._ext.cluster_state import ClusterState
-from hybrid.allocation import (AdaptiveLaiaAllocation, ContiguousAllocation, LaiaAllocation, RandomAllocation,
+from hybrid.scheduling.allocation import (AdaptiveLaiaAllocation, ContiguousAllocation, LaiaAllocation, RandomAllocation,
                                TableProfiler, capacities, chunk_layout, interleaved_slots, margin_order)
-from hybrid.brute_force import best_allocation, iteration_cost, scheduling_quality
+from hybrid.scheduling.brute_force import best_allocation, iteration_cost, scheduling_quality
 from hybrid.counter_hash import hash3
 
 
@@ -397,7 +397,7 @@ def test_looking_ahead_keeps_the_order_whose_pair_of_batches_reads_less():
 
 
 def test_the_scheduler_hands_the_allocation_the_batch_after_next_only_when_it_looks_ahead():
-    from hybrid.scheduler import BatchStream
+    from hybrid.scheduling.scheduler import BatchStream
     batches = [np.full((2, 1), k) for k in range(3)]
     stream = BatchStream(batches, look_ahead=True)
     seen = []

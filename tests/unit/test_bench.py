@@ -8,7 +8,7 @@ from hybrid.bench import (cache_size_bench, case_mode, case_overrides, quality_b
 from hybrid.cli import main
 from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore
-from hybrid.simulator import simulate_mode
+from hybrid.training.simulator import simulate_mode
 
 TINY = """name: tiny
 data:
@@ -36,7 +36,7 @@ def _is_png(path) -> bool:
 
 
 def _direct(config_path, overrides, case, iterations):
-    """What ``hybrid.simulator.simulate_mode`` counts for one case, without the suites."""
+    """What ``hybrid.training.simulator.simulate_mode`` counts for one case, without the suites."""
     mode, extra = case_mode(case)
     config = load_config(config_path, [*overrides, *extra])
     store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)

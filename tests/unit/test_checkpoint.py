@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from hybrid import checkpoint as ckpt
+from hybrid.runtime import checkpoint as ckpt
 from hybrid.config import load_config
 
 

@@ -85,7 +85,7 @@ def test_compare_puts_modes_side_by_side_against_the_first_per_config(tmp_path, 
 
 def test_a_run_is_labelled_by_its_mode_and_the_allocation_settings_that_differ_from_the_paper():
     from hybrid.config import load_config
-    from hybrid.modes import run_label
+    from hybrid.scheduling.policy import run_label
 
     assert run_label(load_config(None, ["scheduler.mode=herald"])) == "herald"
     assert run_label(load_config(None, ["scheduler.mode=herald", "scheduler.scoring=cost", "scheduler.order=confident",
@@ -119,8 +119,8 @@ def test_sigterm_while_writing_a_store_leaves_nothing_behind(tmp_path):
 
 def test_the_cli_and_the_scheduler_do_not_start_mpi_on_import():
     """A process that imported MPI is an MPI singleton: an mpirun it starts (bench train) fails at once."""
-    code = ("import sys, hybrid.cli, hybrid.scheduler, hybrid.simulator, hybrid.bench.train_bench, "
-            "hybrid.fae_calibration, hybrid.summary_text; assert 'mpi4py.MPI' not in sys.modules, 'mpi4py.MPI was imported'")
+    code = ("import sys, hybrid.cli, hybrid.scheduling.scheduler, hybrid.training.simulator, hybrid.bench.train_bench, "
+            "hybrid.scheduling.fae_calibration, hybrid.training.summary_text; assert 'mpi4py.MPI' not in sys.modules, 'mpi4py.MPI was imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 

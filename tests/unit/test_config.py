@@ -88,7 +88,7 @@ def test_bad_yaml_file_names_file_and_key(tmp_path):
 def test_smoke_caches_hold_a_working_set():
     """Every smoke workload can be simulated and trained with its own cache ratio."""
     from hybrid.data.synthetic import PROFILES, SyntheticGenerator
-    from hybrid.scheduler import cache_capacity
+    from hybrid.scheduling.scheduler import cache_capacity
 
     for path in CONFIGS:
         if path.stem.endswith("smoke"):

@@ -8,7 +8,7 @@ import pytest
 from hybrid.bench import e2e_bench
 from hybrid.bench.emulated_hosts import EmulatedHosts, EmulationUnavailable, LinkShape, check_available
 from hybrid.cli import _bandwidth, main
-from hybrid.link_counters import link_bytes
+from hybrid.runtime.link_counters import link_bytes
 
 
 def _namespaces() -> str:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hybrid.embedding_init import fill_initial_rows, initial_rows
+from hybrid.runtime.embedding_init import fill_initial_rows, initial_rows
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,4 +1,4 @@
-"""FAE's calibrator and shuffle schedule (hybrid/fae_calibration.py, hybrid/shuffle_schedule.py)."""
+"""FAE's calibrator and shuffle schedule (hybrid/scheduling/fae_calibration.py, hybrid/scheduling/shuffle_schedule.py)."""
 import json
 from pathlib import Path
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hybrid.fae_calibration import (
+from hybrid.scheduling.fae_calibration import (
     access_counts, calibrate, estimate_hot_rows, hot_inputs, sample_positions,
 )
-from hybrid.shuffle_schedule import ShuffleSchedule
+from hybrid.scheduling.shuffle_schedule import ShuffleSchedule
 
 BIG, SMALL = 400_000, 1_000  # rows: a table to sample, and one under 1 MB at 64 bytes a row
 HOT = 4_000  # planted hot rows of the big table

@@ -1,4 +1,4 @@
-"""FAE's order of training and its plans (hybrid/fae_order.py, hybrid/fae_scheduler.py), without MPI."""
+"""FAE's order of training and its plans (hybrid/scheduling/fae_order.py, hybrid/scheduling/fae_plans.py), without MPI."""
 import itertools
 
 import numpy as np
@@ -8,9 +8,9 @@ from hypothesis import given, settings, strategies as st
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
 from hybrid.data.synthetic import synthesize
-from hybrid.fae_order import LAG_BATCHES, LossFeed, FeedClosed, MiniBatches, fae_batches, strip_order
-from hybrid.fae_scheduler import FaeScheduler, calibration_for
-from hybrid.shuffle_schedule import ShuffleSchedule
+from hybrid.scheduling.fae_order import LAG_BATCHES, LossFeed, FeedClosed, MiniBatches, fae_batches, strip_order
+from hybrid.scheduling.fae_plans import FaeScheduler, calibration_for
+from hybrid.scheduling.shuffle_schedule import ShuffleSchedule
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from hybrid import neuroshard, shard_cost_data
+from hybrid.sharding import cost_data, neuroshard
 from hybrid.cli import main
-from hybrid.shard_costs import CostModels, fit_comm, fit_serving, table_slice
-from hybrid.shard_plan import Columns, ShardPlan
+from hybrid.sharding.cost_models import CostModels, fit_comm, fit_serving, table_slice
+from hybrid.runtime.shard_plan import Columns, ShardPlan
 
 
 class AnalyticModels:
@@ -102,22 +102,22 @@ def test_cost_data_round_trips_and_a_foreign_file_is_refused(tmp_path):
     piece = table_slice([np.array([1, 1, 2])], 10, table=0, width=8)
     data = {"serving_sets": [(piece,)], "serving_ms": [0.5], "comm_bytes": [[8, 0]], "comm_ms": [0.1],
             "batch": 3, "scale": 1.0, "ps_ranks": 2, "seconds": 0.0}
-    shard_cost_data.save(data, tmp_path / "d.json")
-    assert shard_cost_data.load(tmp_path / "d.json")["serving_sets"] == [(piece,)]
+    cost_data.save(data, tmp_path / "d.json")
+    assert cost_data.load(tmp_path / "d.json")["serving_sets"] == [(piece,)]
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not sharding cost data"):
-        shard_cost_data.load(tmp_path / "bad.json")
+        cost_data.load(tmp_path / "bad.json")
 
 
 def test_the_collectors_variants_place_their_measured_slice_alone_on_the_first_shard():
-    variant = shard_cost_data.Variant(base=0, width=8, deal=2)
-    segments = shard_cost_data.variant_segments(0, 10, variant, measured=0, rest=1)
-    plan = ShardPlan.packed(10, 2, segments, name="v", dim=shard_cost_data.DIM)
-    position, shard, _, col_lo, width = plan.pieces(np.arange(10), shard_cost_data.DIM)
+    variant = cost_data.Variant(base=0, width=8, deal=2)
+    segments = cost_data.variant_segments(0, 10, variant, measured=0, rest=1)
+    plan = ShardPlan.packed(10, 2, segments, name="v", dim=cost_data.DIM)
+    position, shard, _, col_lo, width = plan.pieces(np.arange(10), cost_data.DIM)
     on_first = shard == 0
     assert sorted(position[on_first].tolist()) == [0, 2, 4, 6, 8]  # phase 0 of rows dealt over 2
     assert set(col_lo[on_first].tolist()) == {0} and set(width[on_first].tolist()) == {8}
     rng = np.random.default_rng(0)
     for _ in range(20):
-        picks = shard_cost_data.draw_set(rng, 26, 12)
+        picks = cost_data.draw_set(rng, 26, 12)
         assert 1 <= len(picks) <= 12 and len(set(picks)) == len(picks)

@@ -7,8 +7,8 @@ import pytest
 from hybrid.cli import main
 from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore
-from hybrid.scheduler import Scheduler, SchedulerError
-from hybrid.simulator import simulate
+from hybrid.scheduling.scheduler import Scheduler, SchedulerError
+from hybrid.training.simulator import simulate
 
 
 def _config(store_path, *overrides):
@@ -43,7 +43,7 @@ def test_independent_schedulers_agree_for_1000_iterations(criteo_like, settings)
 @pytest.mark.parametrize("mode", ["vanilla", "herald", "het"])
 def test_each_workers_transmissions_add_up_to_the_iterations(criteo_like, mode):
     """``per_worker`` splits a plan's pulls, pushes and P2P rows by the worker that makes them."""
-    from hybrid.event_kinds import PEER_KINDS, PULL_KINDS, PUSH_KINDS
+    from hybrid.scheduling.event_kinds import PEER_KINDS, PULL_KINDS, PUSH_KINDS
 
     store = BatchStore(criteo_like)
     config = _config(criteo_like, f"scheduler.mode={mode}", *(["scheduler.staleness=2"] if mode == "het" else []))
@@ -129,7 +129,7 @@ def test_unsupported_settings_say_so(criteo_like):
 
 def test_every_mode_is_one_policy_and_schedules(criteo_like):
     """Allocation and synchronization per mode (docs/design.md section 7); one loop runs them all."""
-    from hybrid.modes import POLICIES, Allocation, Sync
+    from hybrid.scheduling.policy import POLICIES, Allocation, Sync
 
     assert set(POLICIES) == set(Mode)
     assert {m.value: (p.allocation, p.sync) for m, p in POLICIES.items()} == {

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from hybrid.shard_costs import (MAX_RANKS, N_BINS, N_FEATURES, CostModels, ServingCostModel, TableSlice,
+from hybrid.sharding.cost_models import (MAX_RANKS, N_BINS, N_FEATURES, CostModels, ServingCostModel, TableSlice,
                                 access_histogram, comm_inputs, fit_comm, fit_serving, serving_inputs,
                                 slice_features, split_indices, table_slice)
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hybrid.cli import main
-from hybrid.embedding_init import fill_initial_runs, initial_rows
-from hybrid.shard_plan import Columns, Segment, ShardPlan, ShardPlanError, layout_mismatch
-from hybrid.shard_planners import PLANNERS, make_plan, shard_load
+from hybrid.runtime.embedding_init import fill_initial_runs, initial_rows
+from hybrid.runtime.shard_plan import Columns, Segment, ShardPlan, ShardPlanError, layout_mismatch
+from hybrid.sharding.planners import PLANNERS, make_plan, shard_load
 
 
 @st.composite

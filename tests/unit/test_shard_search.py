@@ -1,4 +1,4 @@
-"""NeuroShard search (hybrid/shard_search.py) against an analytic fake cost model.
+"""NeuroShard search (hybrid/sharding/search.py) against an analytic fake cost model.
 
 Every slice placed once and within the cap, splits that pay off on a hot
 table, never worse than no split, a cache that counts honestly, determinism,
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybrid import shard_search
-from hybrid.shard_search import neuroshard_search
+from hybrid.sharding import search as shard_search
+from hybrid.sharding.search import neuroshard_search
 
 SMALL = {"beam_n": 3, "beam_k": 2, "steps": 3, "grid_m": 4}   # search knobs small enough for hypothesis
 

@@ -11,7 +11,7 @@ from hybrid.data.access_stats import batch_recurrence, cooccurrence_ratio, local
 from hybrid.data.calibration import table_statistics
 from hybrid.data.store import BatchStore
 from hybrid.data.synthetic import CRITEO_KAGGLE, MOVIELENS_100K, PROFILES, SyntheticGenerator, synthesize, zipf_cdf
-from hybrid.simulator import reduction, simulate_mode
+from hybrid.training.simulator import reduction, simulate_mode
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_ML100K = REPO / "data" / "ml-100k"

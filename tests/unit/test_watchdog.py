@@ -1,7 +1,7 @@
 """The watchdog reports a rank that stops finishing iterations, and stays quiet while it beats."""
 import time
 
-from hybrid.watchdog import Watchdog
+from hybrid.runtime.watchdog import Watchdog
 
 
 def test_no_beat_for_longer_than_the_limit_is_reported_with_what_the_rank_was_doing():

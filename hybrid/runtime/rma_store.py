@@ -4,7 +4,7 @@ PS ranks are passive: each allocates its shard of rows with
 ``MPI.Win.Allocate`` (displacement unit = one row) and otherwise only waits
 in collectives. Workers read rows with ``Get``, write exclusive rows with
 ``Put`` and add shared gradients with ``Accumulate(op=SUM)``. Where each row
-lives is a :class:`hybrid.shard_plan.ShardPlan`: by default contiguous ranges
+lives is a :class:`hybrid.runtime.shard_plan.ShardPlan`: by default contiguous ranges
 of the global row space, or any plan ``hybrid plan-shards`` writes (whole
 tables, row ranges, rows dealt round-robin).
 
@@ -29,7 +29,7 @@ keep one int64 version per row in a second window, read with
 
 Two transports move the rows (docs/design.md section 12): ``rma``, the
 one-sided operations above, for ranks that share memory, and ``packed``
-(``hybrid.packed_transport``), one message per PS rank per operation that
+(``hybrid.runtime.packed_transport``), one message per PS rank per operation that
 the PS rank applies itself, for ranks on different hosts, where one-sided
 operations on scattered rows cost per row. ``auto`` picks ``rma`` when every
 rank is on one host. The PS ranks serve packed messages inside the
@@ -45,9 +45,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from hybrid import packed_transport
-from hybrid.comm import idle_barrier
-from hybrid.shard_plan import ShardPlan
+from hybrid.runtime import packed_transport
+from hybrid.runtime.comm import idle_barrier
+from hybrid.runtime.shard_plan import ShardPlan
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
 TRANSPORTS = ("auto", "rma", "packed")

@@ -20,17 +20,17 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
-from hybrid import checkpoint as ckpt
-from hybrid.event_kinds import UPDATE_KINDS
-from hybrid.comm import check_agreement, split_roles
+from hybrid.runtime import checkpoint as ckpt
+from hybrid.scheduling.event_kinds import UPDATE_KINDS
+from hybrid.runtime.comm import check_agreement, split_roles
 from hybrid.config import Config, flatten
 from hybrid.data.store import BatchStore, StoreError
-from hybrid.link_counters import difference, link_bytes
-from hybrid.modes import run_label
-from hybrid.preemption import StopRequest
-from hybrid.scheduler import Scheduler
-from hybrid.shard_plan import ShardPlan, ShardPlanError, layout_mismatch
-from hybrid.trainer import STAGES, HybridTrainer
+from hybrid.runtime.link_counters import difference, link_bytes
+from hybrid.scheduling.policy import run_label
+from hybrid.runtime.preemption import StopRequest
+from hybrid.scheduling.scheduler import Scheduler
+from hybrid.runtime.shard_plan import ShardPlan, ShardPlanError, layout_mismatch
+from hybrid.training.loop import STAGES, HybridTrainer
 
 
 def _open_stores(config: Config) -> tuple[Optional[BatchStore], Optional[BatchStore], str]:

@@ -1,6 +1,6 @@
 """Baseline shard planners: which PS rank holds each table (NeuroShard's baselines, docs/design.md section 8).
 
-Every planner returns a :class:`hybrid.shard_plan.ShardPlan` for the store's
+Every planner returns a :class:`hybrid.runtime.shard_plan.ShardPlan` for the store's
 tables on ``n_shards`` PS ranks, and none exceeds ``cap_rows`` rows on a
 rank (the memory cap, in rows of the embedding width). The table-wise ones
 are NeuroShard's baselines: ``random``; greedy by a per-table cost, each
@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from hybrid.counter_hash import hash3, stream_id
-from hybrid.shard_plan import ShardPlan, ShardPlanError
+from hybrid.runtime.shard_plan import ShardPlan, ShardPlanError
 
 
 def _offsets(cardinalities) -> list[int]:

@@ -21,7 +21,7 @@ from hybrid.config import ConfigError, load_config
 from hybrid.data.formats import FORMAT_NAMES, FormatError
 from hybrid.data.store import StoreError
 from hybrid.data.synthetic import PROFILES
-from hybrid.shard_planners import PLANNERS
+from hybrid.sharding.planners import PLANNERS
 
 EXIT_FAILURE = 1
 
@@ -187,7 +187,7 @@ def cmd_plan_shards(args) -> int:
     import numpy as np
 
     from hybrid.data.store import BatchStore
-    from hybrid.shard_planners import make_plan, shard_load
+    from hybrid.sharding.planners import make_plan, shard_load
 
     config = load_config(args.config, args.overrides)
     store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
@@ -226,8 +226,8 @@ def cmd_plan_shards(args) -> int:
 
 def _neuroshard_plan(args, config, cardinalities, sample, cap_rows):
     """The cost-model planner's plan for a workload, searched on its first batches; and the search's account."""
-    from hybrid import neuroshard
-    from hybrid.shard_costs import CostModels
+    from hybrid.sharding import neuroshard
+    from hybrid.sharding.cost_models import CostModels
 
     if not args.cost_model:
         raise SystemExit("hybrid plan-shards --planner neuroshard needs --cost-model FILE (made by "
@@ -244,8 +244,7 @@ def _neuroshard_plan(args, config, cardinalities, sample, cap_rows):
 
 def cmd_shard_costs(args) -> int:
     """NeuroShard's pre-training: measure costs through the store (under mpirun), or fit the cost models."""
-    from hybrid import shard_cost_data
-
+    from hybrid.sharding import cost_data as shard_cost_data
     if args.action == "collect":
         say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
         data = shard_cost_data.collect(serving_samples=args.serving_samples, comm_samples=args.comm_samples,
@@ -260,7 +259,7 @@ def cmd_shard_costs(args) -> int:
         if args.json:
             print(json.dumps({"data": str(out), "seconds": round(data["seconds"], 1)}))
         return 0
-    from hybrid.shard_costs import CostModels, fit_comm, fit_serving
+    from hybrid.sharding.cost_models import CostModels, fit_comm, fit_serving
 
     if not args.data:
         raise SystemExit("hybrid shard-costs train DATA: the samples written by hybrid shard-costs collect")
@@ -292,7 +291,7 @@ def cmd_fae(args) -> int:
 
 
     from hybrid.data.store import BatchStore
-    from hybrid.fae_scheduler import calibration_for
+    from hybrid.scheduling.fae_plans import calibration_for
 
     config = load_config(args.config, args.overrides)
     store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
@@ -320,7 +319,7 @@ def cmd_simulate(args) -> int:
     from hybrid.bench import case_overrides
     from hybrid.config import Mode
     from hybrid.data.store import BatchStore
-    from hybrid.simulator import reduction, simulate_mode
+    from hybrid.training.simulator import reduction, simulate_mode
 
     overrides = list(args.overrides)
     if args.workers is not None:
@@ -520,12 +519,12 @@ def cmd_bench(args) -> int:
 
 def cmd_train(args) -> int:
     config = load_config(args.config, args.overrides)
-    from hybrid import summary_text, train_job
-    from hybrid.preemption import StopRequest
+    from hybrid.training import job, summary_text
+    from hybrid.runtime.preemption import StopRequest
 
     stop = StopRequest().install()  # SIGTERM/SIGINT/SIGUSR1: checkpoint, then exit 0
     try:
-        summary = train_job.run(config, log_path=args.log_jsonl, summary_path=args.summary_json,
+        summary = job.run(config, log_path=args.log_jsonl, summary_path=args.summary_json,
                                 progress=not args.no_progress, resume=args.resume, stop=stop)
     except (Exception, KeyboardInterrupt) as err:
         _end_the_job(err)
@@ -559,7 +558,7 @@ def _end_the_job(err: BaseException) -> None:
 
 
 def cmd_compare(args) -> int:
-    from hybrid.summary_text import compare_summaries
+    from hybrid.training.summary_text import compare_summaries
 
     summaries = []
     for path in args.summaries:
@@ -689,7 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                    "0.02,0.04,0.06,0.08,0.1)")
     p.add_argument("--score-tables", type=_int_list, default=None,
                    help="scale: tables adaptive LAIA scores, fixed per case (default 2,4,8)")
-    p.add_argument("--readme", default=str(Path(__file__).resolve().parents[1] / "README.md"),
+    p.add_argument("--readme", default=str(Path(__file__).resolve().parents[2] / "README.md"),
                    help="report, all: the README whose results section is rewritten (default: the repository's)")
     p.add_argument("--dims", type=_int_list, default=(16, 128, 512), help="ps: row widths")
     p.add_argument("--rows-per-op", type=int, default=8192, help="ps: rows per batched operation")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybrid._ext.cluster_state import PEER_KINDS, PULL_KINDS, PUSH_KINDS, ClusterState
-from hybrid.allocation import capacities
+from hybrid.scheduling.allocation import capacities
 
 TRANSMISSION_KINDS = PULL_KINDS + PUSH_KINDS + PEER_KINDS
 

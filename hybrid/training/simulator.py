@@ -16,10 +16,10 @@ from typing import Optional
 
 from hybrid.config import Config, Mode
 from hybrid.data.store import BatchStore
-from hybrid.event_kinds import ALLREDUCE_KINDS, CHECK_KINDS, PEER_KINDS, PULL_KINDS, PUSH_KINDS
-from hybrid.fae_order import replayed_batches
-from hybrid.fae_scheduler import FaeScheduler, calibration_for
-from hybrid.scheduler import Scheduler
+from hybrid.scheduling.event_kinds import ALLREDUCE_KINDS, CHECK_KINDS, PEER_KINDS, PULL_KINDS, PUSH_KINDS
+from hybrid.scheduling.fae_order import replayed_batches
+from hybrid.scheduling.fae_plans import FaeScheduler, calibration_for
+from hybrid.scheduling.scheduler import Scheduler
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """FAE's side of a worker's run: the replica of the hot rows and its synchronization (docs/design.md section 7).
 
-The FAE scheduler (``hybrid.fae_scheduler``) decides where each iteration
+The FAE scheduler (``hybrid.scheduling.fae_plans``) decides where each iteration
 sits in the order of strips and what moves before it; this executes it:
 
 - a hot iteration reads its rows from the replica; the gradients of the
@@ -23,11 +23,11 @@ import torch
 
 from hybrid.config import Config
 from hybrid.data.store import BatchStore, GlobalBatch
-from hybrid.fae_order import LossFeed, MiniBatches, fae_batches, strip_order
-from hybrid.fae_scheduler import FaeStep
-from hybrid.rma_store import EmbeddingStore
-from hybrid.scheduler import WorkerPlan
-from hybrid.shuffle_schedule import ShuffleSchedule
+from hybrid.scheduling.fae_order import LossFeed, MiniBatches, fae_batches, strip_order
+from hybrid.scheduling.fae_plans import FaeStep
+from hybrid.runtime.rma_store import EmbeddingStore
+from hybrid.scheduling.scheduler import WorkerPlan
+from hybrid.scheduling.shuffle_schedule import ShuffleSchedule
 
 
 class HotReplicas:

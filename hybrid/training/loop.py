@@ -12,10 +12,10 @@ Stages of iteration ``t`` (each a ``torch.profiler.record_function`` range,
 and the time breakdown of the summary):
 
 - ``pull``: in FAE mode, first the synchronization of the hot rows' replica
-  that the plan asks for (``hybrid.hot_replicas``); in P2P mode, send the
+  that the plan asks for (``hybrid.modes.fae``); in P2P mode, send the
   rows other workers need from this cache and receive theirs
-  (``hybrid.p2p_transport``); in HET mode, read the versions of the cached
-  rows needed (``hybrid.stale_cache``); write back evicted dirty
+  (``hybrid.runtime.p2p_transport``); in HET mode, read the versions of the cached
+  rows needed (``hybrid.modes.het``); write back evicted dirty
   rows and read the rows ``t`` needs that the previous iteration wrote (one
   flush); place the received rows and those prefetched during ``t - 1``;
   start reading ``t + 1``'s prefetchable rows;
@@ -58,24 +58,24 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from hybrid import checkpoint as ckpt
-from hybrid import p2p_transport
-from hybrid.allocation import AdaptiveLaiaAllocation
-from hybrid.comm import Roles, init_horovod
+from hybrid.runtime import checkpoint as ckpt
+from hybrid.runtime import p2p_transport
+from hybrid.scheduling.allocation import AdaptiveLaiaAllocation
+from hybrid.runtime.comm import Roles, init_horovod
 from hybrid.config import Config, SyncMode
 from hybrid.data.store import BatchStore, GlobalBatch
-from hybrid.embedding_init import fill_initial_runs
-from hybrid.fae_scheduler import FaeScheduler, calibration_for
-from hybrid.hot_replicas import HotReplicas
+from hybrid.runtime.embedding_init import fill_initial_runs
+from hybrid.scheduling.fae_plans import FaeScheduler, calibration_for
+from hybrid.modes.fae import HotReplicas
 from hybrid.models import build_model, dense_optimizer
-from hybrid.modes import Sync, policy_for
-from hybrid.plan_producer import PlanProducer
-from hybrid.preemption import StopRequest
-from hybrid.rma_store import EmbeddingStore, Handle
-from hybrid.scheduler import BatchPlan, Scheduler, WorkerPlan
-from hybrid.shard_plan import ShardPlan
-from hybrid.stale_cache import StaleCache
-from hybrid.watchdog import Watchdog
+from hybrid.scheduling.policy import Sync, policy_for
+from hybrid.scheduling.plan_producer import PlanProducer
+from hybrid.runtime.preemption import StopRequest
+from hybrid.runtime.rma_store import EmbeddingStore, Handle
+from hybrid.scheduling.scheduler import BatchPlan, Scheduler, WorkerPlan
+from hybrid.runtime.shard_plan import ShardPlan
+from hybrid.modes.het import StaleCache
+from hybrid.runtime.watchdog import Watchdog
 
 STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barrier")
 
@@ -255,7 +255,7 @@ class HybridTrainer:
         summed sample losses, and the evaluation on ``test`` when one ran
         after it (``train.eval_every``). A worker that finishes no iteration
         for ``train.watchdog_seconds`` prints its stage and stacks and ends
-        the job (``hybrid.watchdog``). PS ranks serve the workers until they
+        the job (``hybrid.runtime.watchdog``). PS ranks serve the workers until they
         end the run (:meth:`end_service`), writing their rows at checkpoints.
         """
         if self.roles.is_ps:
@@ -520,7 +520,7 @@ class HybridTrainer:
         updated and written; plan pushes write dirty rows another worker
         needs next (after their local update). In HET mode every trained
         row is updated in the cache, and pushed as the state says
-        (``hybrid.stale_cache``).
+        (``hybrid.modes.het``).
         """
         lr = self.config.train.embedding_lr
         if self.stale is not None:

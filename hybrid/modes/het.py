@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hybrid.rma_store import EmbeddingStore, Handle
-from hybrid.scheduler import StaleShare, WorkerPlan
+from hybrid.runtime.rma_store import EmbeddingStore, Handle
+from hybrid.scheduling.scheduler import StaleShare, WorkerPlan
 
 
 class StaleCache:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybrid._ext.cluster_state import ClusterState
-from hybrid.allocation import (
+from hybrid.scheduling.allocation import (
     AdaptiveLaiaAllocation, AllocationPolicy, ContiguousAllocation, LaiaAllocation, RandomAllocation,
 )
 from hybrid.config import Config, LaiaOrder, LaiaScoring, LaiaVariant, Mode, SyncMode

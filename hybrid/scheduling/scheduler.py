@@ -19,10 +19,10 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 
 from hybrid._ext.cluster_state import KIND_NAMES, ClusterState
-from hybrid.allocation import AllocationPolicy
+from hybrid.scheduling.allocation import AllocationPolicy
 from hybrid.config import Config, Mode
-from hybrid.event_kinds import FAE_KINDS, UPDATE_KINDS
-from hybrid.modes import SchedulerError, policy_for
+from hybrid.scheduling.event_kinds import FAE_KINDS, UPDATE_KINDS
+from hybrid.scheduling.policy import SchedulerError, policy_for
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Transfer:
 
 @dataclass(frozen=True)
 class PeerTransfer:
-    """Rows one worker sends to, or receives from, other workers' caches (P2P; hybrid.p2p_transport)."""
+    """Rows one worker sends to, or receives from, other workers' caches (P2P; hybrid.runtime.p2p_transport)."""
 
     peers: np.ndarray  # int32: the receiver of each sent row, or the sender of each received row
     rows: np.ndarray  # int64 global row ids
@@ -164,7 +164,7 @@ class BatchPlan:
     snapshot: Optional[dict] = None  # debug: one worker's view of the state after this iteration
     saved: Optional[dict] = None  # for a checkpoint: Scheduler.save_arrays() after this iteration
     dirty: Optional[tuple] = None  # for a checkpoint or an evaluation: (rows, slots) dirty at the worker after it
-    fae: Optional[object] = None  # FAE: what happens before this iteration (hybrid.fae_scheduler.FaeStep)
+    fae: Optional[object] = None  # FAE: what happens before this iteration (hybrid.scheduling.fae_plans.FaeStep)
     per_worker: Optional[np.ndarray] = None  # transmissions of train + plan per worker (pulls, pushes, P2P in)
 
     @property

@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hybrid.shard_costs import TableSlice, table_slice
-from hybrid.shard_plan import Segment, ShardPlan
-from hybrid.sharding_tasks import pool_profile, table_ids
+from hybrid.sharding.cost_models import TableSlice, table_slice
+from hybrid.runtime.shard_plan import Segment, ShardPlan
+from hybrid.sharding.tasks import pool_profile, table_ids
 
 DIM = 128
 WIDTHS = (4, 8, 16, 32, 64, 128)
@@ -103,7 +103,7 @@ def collect(*, serving_samples: int = 800, comm_samples: int = 300, max_tables: 
     """Measure ``serving_samples`` table sets and ``comm_samples`` placements; the samples on rank 0."""
     from mpi4py import MPI
 
-    from hybrid.rma_store import EmbeddingStore
+    from hybrid.runtime.rma_store import EmbeddingStore
 
     world = MPI.COMM_WORLD
     if world.size < 3:
@@ -156,7 +156,7 @@ def _collect_comm(world, ps_ranks: list, samples: int, batch: int, iterations: i
     ``p`` (drawn per sample) an even share, else a random one, as the paper's
     placements range from balanced to random.
     """
-    from hybrid.rma_store import EmbeddingStore
+    from hybrid.runtime.rma_store import EmbeddingStore
 
     n_ps = len(ps_ranks)
     per_rank = 8 * batch

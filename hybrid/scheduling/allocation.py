@@ -230,7 +230,7 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
     simulator) measures as it goes. Ranks measure different costs, so
     training fixes ``k`` before the first batch: every worker times scoring
     with :meth:`measure_cost_ms`, they agree on the slowest, and
-    :meth:`fix_table_count` keeps the count that fits it (``hybrid.trainer``).
+    :meth:`fix_table_count` keeps the count that fits it (``hybrid.training.loop``).
     Which tables are scored is revised every ``profile_every`` batches, from
     the batches seen so far; it depends on the state only.
     """

@@ -13,7 +13,7 @@ import torch
 
 from hybrid.config import Config
 from hybrid.data.store import BatchStore
-from hybrid.embedding_init import initial_rows
+from hybrid.runtime.embedding_init import initial_rows
 from hybrid.models import build_model, dense_optimizer
 
 

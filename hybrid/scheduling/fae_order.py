@@ -1,10 +1,10 @@
 """FAE's order of training: hot and cold mini-batches, in strips (docs/design.md section 7).
 
-The calibrator (``hybrid.fae_calibration``) classifies every training input
+The calibrator (``hybrid.scheduling.fae_calibration``) classifies every training input
 hot (all its rows are hot) or cold. The inputs of each kind, in the store's
 order (shuffled once with ``data.shuffle``), are cut into global batches
 once: FAE's hot and cold mini-batches. A pass runs them in strips, cold
-first, strip lengths from the shuffle schedule (``hybrid.shuffle_schedule``);
+first, strip lengths from the shuffle schedule (``hybrid.scheduling.shuffle_schedule``);
 passes repeat in the same order for as many iterations as the run trains.
 
 The schedule's rate follows the held-out loss measured after each (cold,
@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from hybrid.data.store import BatchStore, GlobalBatch
-from hybrid.shuffle_schedule import ShuffleSchedule
+from hybrid.scheduling.shuffle_schedule import ShuffleSchedule
 
 LAG_BATCHES = 4
 

@@ -1,10 +1,10 @@
 """The NeuroShard planner: pre-trained cost models, then search (docs/design.md section 8).
 
 ``plan`` turns a task (each table's cardinality and the ids sample
-iterations read from it) into a :class:`hybrid.shard_plan.ShardPlan`:
-:func:`hybrid.shard_search.neuroshard_search` proposes column splits, row
+iterations read from it) into a :class:`hybrid.runtime.shard_plan.ShardPlan`:
+:func:`hybrid.sharding.search.neuroshard_search` proposes column splits, row
 deals and placements, asking the cost models of
-:mod:`hybrid.shard_costs` (trained on :mod:`hybrid.shard_cost_data`'s
+:mod:`hybrid.sharding.cost_models` (trained on :mod:`hybrid.sharding.cost_data`'s
 measurements) what each rank's slices cost.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Optional
 
 import numpy as np
 
-from hybrid.shard_costs import CostModels, table_slice
-from hybrid.shard_plan import Columns, ShardPlan
-from hybrid.shard_search import SearchResult, neuroshard_search
+from hybrid.sharding.cost_models import CostModels, table_slice
+from hybrid.runtime.shard_plan import Columns, ShardPlan
+from hybrid.sharding.search import SearchResult, neuroshard_search
 
 
 def slice_maker(cardinalities, ids, dim: int):

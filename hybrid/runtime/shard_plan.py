@@ -15,7 +15,7 @@ exactly one place. Mapping rows is a binary search over the groups plus
 arithmetic, so it follows the rows asked for, never the table size.
 
 The default plan is contiguous row ranges of the global row space, the
-same layout :class:`hybrid.rma_store.EmbeddingStore` always used.
+same layout :class:`hybrid.runtime.rma_store.EmbeddingStore` always used.
 
 Column slices: a segment may hold only the columns ``col_lo ..
 col_lo + width`` of its rows (``width`` dividing the embedding width

@@ -22,7 +22,7 @@ import threading
 from typing import Callable, Iterable, Iterator, Optional
 
 from hybrid.data.store import GlobalBatch
-from hybrid.scheduler import BatchPlan, Scheduler
+from hybrid.scheduling.scheduler import BatchPlan, Scheduler
 
 
 class _End:

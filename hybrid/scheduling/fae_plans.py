@@ -1,7 +1,7 @@
 """FAE's plans: cold strips through the cluster state, hot strips on replicated rows (docs/design.md section 7).
 
 A cold strip runs as vanilla BSP with caches: the full-set cluster state of
-the mode's :class:`~hybrid.scheduler.Scheduler`, one ``plans`` stream per
+the mode's :class:`~hybrid.scheduling.scheduler.Scheduler`, one ``plans`` stream per
 strip (full-set synchronization leaves no row dirty, so a strip's last plan
 needs no look-ahead into the next strip). A hot iteration touches only hot
 rows, which every worker holds in a replica: no PS traffic, the union of
@@ -27,10 +27,10 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 
 from hybrid.config import Config, Mode
-from hybrid.event_kinds import KINDS
-from hybrid.fae_calibration import stored_calibration
-from hybrid.modes import SchedulerError
-from hybrid.scheduler import BatchPlan, HotShare, PeerTransfer, Scheduler, Transfer, WorkerPlan
+from hybrid.scheduling.event_kinds import KINDS
+from hybrid.scheduling.fae_calibration import stored_calibration
+from hybrid.scheduling.policy import SchedulerError
+from hybrid.scheduling.scheduler import BatchPlan, HotShare, PeerTransfer, Scheduler, Transfer, WorkerPlan
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def calibration_for(config: Config, store, say=print):
 
 
 class FaeScheduler:
-    """Plans over batches tagged with their strip (``GlobalBatch.strip``, from ``hybrid.fae_order``)."""
+    """Plans over batches tagged with their strip (``GlobalBatch.strip``, from ``hybrid.scheduling.fae_order``)."""
 
     takes_batches = True  # the plan producer hands it whole batches, not their ids
 
