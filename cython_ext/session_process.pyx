@@ -9,7 +9,7 @@ probability ``1 / mean_length`` and is replaced by a new context drawn from the
 context popularity CDF. The loop is sequential by nature (a session's state
 depends on every earlier sample), so it lives here rather than in NumPy.
 
-Two optional behaviours, both measured on real MovieLens-100k (README,
+Two optional behaviours, both measured on real MovieLens-100k (docs/data.md,
 "Synthetic data"), model how users actually produce a time-ordered stream:
 
 - ``stickiness``: with this probability a sample continues the previous

@@ -103,7 +103,7 @@ class SyntheticConfig:
     rows: int = 200_000
     scale: float = 0.001
     seed: int = 0
-    # the session process's recurrence, None = the profile's (README "Synthetic data"): runs of a context's
+    # the session process's recurrence, None = the profile's (docs/data.md, "Synthetic data"): runs of a context's
     # samples, returns of recently ended contexts, and how many recent ones a return picks from
     stickiness: Optional[float] = None
     revisit: Optional[float] = None

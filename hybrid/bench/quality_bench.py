@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from hybrid._ext.cluster_state import ClusterState
-from hybrid.scheduling.allocation import LaiaAllocation, RandomAllocation
 from hybrid.bench.result_files import deterministic_counts, finish, line_chart, markdown_table, pyplot
-from hybrid.scheduling.brute_force import scheduling_quality
 from hybrid.data.synthetic import PROFILES, SyntheticGenerator
+from hybrid.scheduling.allocation import LaiaAllocation, RandomAllocation
+from hybrid.scheduling.brute_force import scheduling_quality
 
 NAME = "quality"
 TITLE = "Scheduling quality against brute force (paper Appendix C, Fig. 20)"

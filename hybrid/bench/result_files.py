@@ -90,7 +90,7 @@ def save(stem: Path, document: dict, plot: Callable[[dict, Path], None]) -> tupl
 
 
 def markdown_table(header: list, rows: list) -> str:
-    """A markdown table: every suite's README section is one."""
+    """A markdown table: every suite's section of docs/results.md is one."""
     lines = ["| " + " | ".join(map(str, header)) + " |", "|---" * len(header) + "|"]
     lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
     return "\n".join(lines)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid import modes
 from hybrid.bench.result_files import finish, markdown_table, pyplot
 from hybrid.config import load_config
 from hybrid.data.synthetic import CRITEO_KAGGLE, SyntheticGenerator
-from hybrid.scheduling.scheduler import Scheduler
 
 NAME = "scheduler"
 TITLE = "Scheduling time per global batch by stage (paper Fig. 12)"
@@ -79,7 +79,7 @@ def run_case(sparse, cardinalities, *, workers: int, batch_per_worker: int, thre
                                 f"scheduler.threads={threads}", *VARIANTS[laia], "scheduler.mode=herald",
                                 f"scheduler.chunks={max(8, threads * 4)}", f"cache.ratio={cache_ratio}"])
     batch = config.global_batch
-    scheduler = Scheduler.from_config(config, cardinalities=cardinalities, worker=0)  # as a worker runs it
+    scheduler = modes.scheduler_for(config, cardinalities=cardinalities, worker=0)  # as a worker runs it
     batches = (sparse[(i * batch) % (len(sparse) - batch + 1):][:batch] for i in range(warmup + iterations))
     totals = dict.fromkeys(STAGES, 0.0)
     for plan in scheduler.plans(batches):

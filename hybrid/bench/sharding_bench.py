@@ -84,13 +84,13 @@ def _time_ranks(stores: dict, batches, dim: int) -> tuple[dict, dict]:
 
 def _cost_models(world, cost_model, collect_kwargs: dict, say):
     """The cost models (rank 0; None elsewhere) and how they were made: loaded, or collected and trained here."""
-    from hybrid.sharding import cost_data as shard_cost_data
+    from hybrid.sharding import cost_data
     from hybrid.sharding.cost_models import CostModels, fit_comm, fit_serving
 
     if cost_model:
         models = CostModels.load(cost_model) if world.rank == 0 else None
         return models, {"cost_model": str(cost_model)}
-    data = shard_cost_data.collect(say=say, **collect_kwargs)  # collective
+    data = cost_data.collect(say=say, **collect_kwargs)  # collective
     if world.rank != 0:
         return None, {}
     started = time.perf_counter()

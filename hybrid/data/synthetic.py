@@ -1,6 +1,6 @@
 """Synthetic datasets shaped like the public ones, written as a normal store.
 
-The model (README: "Synthetic data" documents it and its measured statistics):
+The model (docs/data.md, "Synthetic data", documents it and its measured statistics):
 
 - **Tables** keep the public per-table cardinalities scaled by ``scale``
   (tables of up to 32 rows keep their size: a device-type field does not grow
@@ -158,7 +158,7 @@ CRITEO_SEARCH = Profile(
 )
 
 # MovieLens-100k (100,000 ratings by 943 users of 1,682 movies, in time order),
-# calibrated on the real data (``data/ml-100k``; README "Synthetic data" has the
+# calibrated on the real data (``data/ml-100k``; docs/data.md "Synthetic data" has the
 # side-by-side table and ``hybrid.data.calibration`` the check). The user is
 # the context. Structure found in the real data and modelled: about 3 users
 # rate at once (``sessions``), in runs (90% of a user's ratings directly
@@ -304,7 +304,7 @@ def synthesize(out_dir: str | Path, *, like: str, rows: int, scale: float, seed:
 
     ``recurrence`` replaces the profile's ``stickiness``, ``revisit`` and
     ``recent``: the MovieLens-calibrated recurrence can be tried on a profile
-    whose real stream is not available (README "Synthetic data").
+    whose real stream is not available (docs/data.md, "Synthetic data").
     """
     if like not in PROFILES:
         raise ValueError(f"unknown profile {like!r}; expected one of {sorted(PROFILES)}")

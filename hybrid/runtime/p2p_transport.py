@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from hybrid.scheduling.scheduler import PeerTransfer
+from hybrid.scheduling.plans import PeerTransfer
 
 TAG = 7
 

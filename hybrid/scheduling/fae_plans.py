@@ -26,11 +26,12 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
-from hybrid.config import Config, Mode
+from hybrid.config import Config
 from hybrid.scheduling.event_kinds import KINDS
 from hybrid.scheduling.fae_calibration import stored_calibration
+from hybrid.scheduling.plans import BatchPlan, HotShare, PeerTransfer, Transfer, WorkerPlan
 from hybrid.scheduling.policy import SchedulerError
-from hybrid.scheduling.scheduler import BatchPlan, HotShare, PeerTransfer, Scheduler, Transfer, WorkerPlan
+from hybrid.scheduling.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,10 @@ class FaeScheduler:
             raise ValueError("hot_rows must be sorted and distinct")
         self._empty = _HotWork()
 
-    @classmethod
-    def from_config(cls, config: Config, *, cardinalities, hot_rows: np.ndarray,
-                    worker: Optional[int] = None) -> "FaeScheduler":
-        return cls(Scheduler.from_config(config, cardinalities=cardinalities, mode=Mode.fae, worker=worker),
-                   hot_rows)
+    @property
+    def policy(self):
+        """The allocation policy within each hot or cold batch (seeded random)."""
+        return self.cold.policy
 
     @property
     def snapshot_worker(self) -> Optional[int]:

@@ -22,7 +22,8 @@ import threading
 from typing import Callable, Iterable, Iterator, Optional
 
 from hybrid.data.store import GlobalBatch
-from hybrid.scheduling.scheduler import BatchPlan, Scheduler
+from hybrid.scheduling.plans import BatchPlan
+from hybrid.scheduling.scheduler import Scheduler
 
 
 class _End:

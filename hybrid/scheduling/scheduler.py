@@ -19,115 +19,11 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 
 from hybrid._ext.cluster_state import KIND_NAMES, ClusterState
+from hybrid.config import Config
 from hybrid.scheduling.allocation import AllocationPolicy
-from hybrid.config import Config, Mode
-from hybrid.scheduling.event_kinds import FAE_KINDS, UPDATE_KINDS
-from hybrid.scheduling.policy import SchedulerError, policy_for
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """Rows moved between the PS and a worker's cache slots."""
-
-    rows: np.ndarray  # int64 global row ids
-    slots: np.ndarray  # int32 cache slots
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-
-@dataclass(frozen=True)
-class PeerTransfer:
-    """Rows one worker sends to, or receives from, other workers' caches (P2P; hybrid.runtime.p2p_transport)."""
-
-    peers: np.ndarray  # int32: the receiver of each sent row, or the sender of each received row
-    rows: np.ndarray  # int64 global row ids
-    slots: np.ndarray  # int32 this worker's cache slots: where sent rows are, or received rows go
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @staticmethod
-    def empty() -> "PeerTransfer":
-        return PeerTransfer(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int32))
-
-
-@dataclass(frozen=True)
-class StaleShare:
-    """HET's part of one worker's iteration (docs/design.md section 7).
-
-    ``checks``: the cached rows whose PS version the worker reads, and the
-    version the cluster state says each has (a mismatch is a bug). ``push``:
-    positions in the worker's ``rows`` whose unpushed updates, this
-    iteration's included, are added to the PS, with ``push_counts`` updates
-    each (added to the row's version). ``evicted``: rows evicted with
-    unpushed updates, from their slots, ``evicted_counts`` updates each.
-    """
-
-    checks: np.ndarray  # int64 rows
-    expected: np.ndarray  # int64 versions
-    push: np.ndarray
-    push_counts: np.ndarray
-    evicted: Transfer
-    evicted_counts: np.ndarray
-
-    @staticmethod
-    def of(events: dict) -> "StaleShare":
-        check, push, evicted = events["version_check"], events["delta_push"], events["delta_writeback"]
-        return StaleShare(checks=check["rows"], expected=check["versions"], push=push["pairs"],
-                          push_counts=push["counts"], evicted=Transfer(evicted["rows"], evicted["slots"]),
-                          evicted_counts=evicted["counts"])
-
-
-@dataclass(frozen=True)
-class HotShare:
-    """FAE's part of a hot iteration for one worker: its rows are in the replica (slots = replica positions).
-
-    ``union``: replica positions of the distinct rows of the whole global
-    batch, sorted, the same on every worker: the hot gradients are summed
-    as one ``[len(union), dim]`` allreduce. ``positions``: where this
-    worker's rows are in it.
-    """
-
-    union: np.ndarray  # int64
-    positions: np.ndarray  # int64
-
-
-@dataclass(frozen=True)
-class WorkerPlan:
-    """What one worker executes in one iteration. Every array follows the batch, never the cache.
-
-    ``rows``/``slots`` are the distinct rows the worker trains and their cache
-    slots; ``index`` maps each of its samples' (sample, table) to a position
-    in ``rows``, so embeddings are gathered as ``cache[slots][index]`` and
-    their gradients summed per row (``[len(rows), dim]``). ``local``,
-    ``accumulate`` and ``full_set`` are positions in ``rows`` by update kind.
-    ``accumulate_turns`` gives, per shared row, how many workers before this
-    one train it, and ``accumulate_rounds`` the most trainers of any shared
-    row (the same on every worker): adding turn 0, then 1, ... with a flush
-    and a barrier between them sums each row in worker order.
-    ``pull`` must be read after the previous iteration's barrier; ``prefetch``
-    rows were not written by the previous iteration, so they may be read
-    while it runs (docs/design.md, section 11).
-    """
-
-    samples: np.ndarray  # int64 positions of this worker's samples in the global batch
-    index: np.ndarray  # int32 [samples, tables]
-    rows: np.ndarray
-    slots: np.ndarray
-    local: np.ndarray
-    accumulate: np.ndarray
-    full_set: np.ndarray
-    writeback: Transfer
-    pull: Transfer
-    prefetch: Transfer
-    plan_push: Transfer
-    accumulate_turns: np.ndarray
-    accumulate_rounds: int
-    p2p_in: PeerTransfer  # rows other workers send this worker at the start of the iteration (P2P mode)
-    p2p_out: PeerTransfer  # rows this worker sends them
-    stale: Optional[StaleShare] = None  # HET mode
-    hot: Optional[HotShare] = None  # FAE mode, hot iterations
+from hybrid.scheduling.event_kinds import FAE_KINDS
+from hybrid.scheduling.plans import BatchPlan, PeerTransfer, StaleShare, Transfer, WorkerPlan
+from hybrid.scheduling.policy import SchedulePolicy, SchedulerError
 
 
 class BatchStream:
@@ -149,28 +45,6 @@ class BatchStream:
         if not self._early:
             self._early.append(next(self._batches, None))
         return self._early[0]
-
-
-@dataclass
-class BatchPlan:
-    """Iteration ``step``: the global allocation, counts and digest, and one worker's share."""
-
-    step: int
-    allocation: np.ndarray  # int32 worker per sample
-    counts: dict  # events of train + plan by kind, over all workers
-    timing: dict  # seconds: scoring, allocation, state_update, plan
-    digest: str  # allocation and every worker's events: equal on every rank
-    work: Optional[WorkerPlan] = None  # the scheduler's focus worker's share
-    snapshot: Optional[dict] = None  # debug: one worker's view of the state after this iteration
-    saved: Optional[dict] = None  # for a checkpoint: Scheduler.save_arrays() after this iteration
-    dirty: Optional[tuple] = None  # for a checkpoint or an evaluation: (rows, slots) dirty at the worker after it
-    fae: Optional[object] = None  # FAE: what happens before this iteration (hybrid.scheduling.fae_plans.FaeStep)
-    per_worker: Optional[np.ndarray] = None  # transmissions of train + plan per worker (pulls, pushes, P2P in)
-
-    @property
-    def needed(self) -> int:
-        """(worker, row) pairs trained this iteration."""
-        return sum(self.counts[k] for k in UPDATE_KINDS)
 
 
 def cache_capacity(n_rows: int, ratio: float, batch_per_worker: int, n_tables: int) -> int:
@@ -195,7 +69,6 @@ class Scheduler:
     (the simulator) only counts.
     """
 
-    mode: Mode
     state: ClusterState
     policy: AllocationPolicy
     table_offsets: np.ndarray
@@ -204,30 +77,27 @@ class Scheduler:
     _next: tuple = (0, None)  # (step, allocation) of the batch after the plan last yielded
 
     @staticmethod
-    def check(config: Config, cardinalities, mode: Mode | None = None) -> int:
-        """Raise :class:`SchedulerError` if the scheduler cannot run ``config``; else the cache slots per worker.
+    def capacity(config: Config, cardinalities) -> int:
+        """Cache slots per worker for ``config``; :class:`SchedulerError` when that is less than one working set.
 
         Cheap (nothing is allocated), so training runs it on every rank
         before any collective: such an error then stops every rank alike.
         """
-        policy_for(config.scheduler.mode if mode is None else mode).check(config)
         cardinalities = np.asarray(cardinalities, dtype=np.int64)
         return cache_capacity(int(cardinalities.sum()), config.cache.ratio, config.train.batch_per_worker,
                               len(cardinalities))
 
     @classmethod
-    def from_config(cls, config: Config, *, cardinalities, mode: Mode | None = None,
+    def from_config(cls, config: Config, *, cardinalities, policy: SchedulePolicy,
                     worker: Optional[int] = None) -> "Scheduler":
-        mode = config.scheduler.mode if mode is None else mode
-        capacity = cls.check(config, cardinalities, mode)
+        """A scheduler of ``policy`` (a mode's choices, see ``hybrid.modes``) over tables of ``cardinalities``."""
+        capacity = cls.capacity(config, cardinalities)
         cardinalities = np.asarray(cardinalities, dtype=np.int64)
         n_rows, n_tables = int(cardinalities.sum()), len(cardinalities)
         max_pairs = config.cluster.workers * config.train.batch_per_worker * n_tables
-        chosen = policy_for(mode)
-        state = chosen.cluster_state(config, n_rows=n_rows, capacity=capacity, max_pairs=max_pairs, worker=worker)
-        policy = chosen.allocation_policy(config, state, cardinalities)
+        state = policy.cluster_state(config, n_rows=n_rows, capacity=capacity, max_pairs=max_pairs, worker=worker)
         offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64)
-        return cls(mode=mode, state=state, policy=policy, table_offsets=offsets)
+        return cls(state=state, policy=policy.allocation_policy(config, state, cardinalities), table_offsets=offsets)
 
     def global_rows(self, sparse: np.ndarray) -> np.ndarray:
         """Per-table ids [B, tables] -> global row ids (tables back to back)."""

@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hybrid.sharding.cost_models import TableSlice, table_slice
 from hybrid.runtime.shard_plan import Segment, ShardPlan
+from hybrid.sharding.cost_models import TableSlice, table_slice
 from hybrid.sharding.tasks import pool_profile, table_ids
 
 DIM = 128

@@ -13,8 +13,8 @@ from typing import Optional
 
 import numpy as np
 
-from hybrid.sharding.cost_models import CostModels, table_slice
 from hybrid.runtime.shard_plan import Columns, ShardPlan
+from hybrid.sharding.cost_models import CostModels, table_slice
 from hybrid.sharding.search import SearchResult, neuroshard_search
 
 

@@ -20,16 +20,15 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
-from hybrid.runtime import checkpoint as ckpt
-from hybrid.scheduling.event_kinds import UPDATE_KINDS
-from hybrid.runtime.comm import check_agreement, split_roles
+from hybrid import modes
 from hybrid.config import Config, flatten
 from hybrid.data.store import BatchStore, StoreError
+from hybrid.runtime import checkpoint as ckpt
+from hybrid.runtime.comm import check_agreement, split_roles
 from hybrid.runtime.link_counters import difference, link_bytes
-from hybrid.scheduling.policy import run_label
 from hybrid.runtime.preemption import StopRequest
-from hybrid.scheduling.scheduler import Scheduler
 from hybrid.runtime.shard_plan import ShardPlan, ShardPlanError, layout_mismatch
+from hybrid.scheduling.event_kinds import UPDATE_KINDS
 from hybrid.training.loop import STAGES, HybridTrainer
 
 
@@ -73,7 +72,7 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
         raise ValueError(f"{config.data.path}: the train split has {train.n_samples} samples, fewer than one "
                          f"global batch of {config.global_batch} (cluster.workers x train.batch_per_worker); "
                          f"use a larger store or a smaller batch")
-    Scheduler.check(config, train.cardinalities)  # before any collective allocation, on every rank alike
+    modes.check(config, train.cardinalities)  # before any collective allocation, on every rank alike
     iterations = config.train.iterations or train.num_batches(config.global_batch)
     if iterations > train.num_batches(config.global_batch):
         raise ValueError(f"train.iterations={iterations} exceeds the {train.num_batches(config.global_batch)} "
@@ -200,7 +199,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
     training = seconds - trainer.run.paused_seconds  # throughput leaves out checkpoints and evaluations
     shard_rows = trainer.table.plan.shard_rows
     return {
-        "config": config.name, "mode": config.scheduler.mode.value, "label": run_label(config),
+        "config": config.name, "mode": config.scheduler.mode.value, "label": modes.run_label(config),
         "workers": config.cluster.workers,
         "ps": config.cluster.ps, "model": config.model.name.value, "iterations": len(log), "samples": samples,
         "seconds": round(seconds, 3), "paused_seconds": round(trainer.run.paused_seconds, 3),

@@ -9,24 +9,26 @@ host the store. Every array touched per iteration follows the batch: the
 worker's distinct rows, its samples, its events; never the cache or a table.
 
 Stages of iteration ``t`` (each a ``torch.profiler.record_function`` range,
-and the time breakdown of the summary):
+and the time breakdown of the summary). The loop knows only these; the
+mode (``hybrid.modes``: vanilla, herald, het, fae) is called at fixed points
+of them and the loop has no branch per mode:
 
-- ``pull``: in FAE mode, first the synchronization of the hot rows' replica
-  that the plan asks for (``hybrid.modes.fae``); in P2P mode, send the
-  rows other workers need from this cache and receive theirs
-  (``hybrid.runtime.p2p_transport``); in HET mode, read the versions of the cached
-  rows needed (``hybrid.modes.het``); write back evicted dirty
-  rows and read the rows ``t`` needs that the previous iteration wrote (one
-  flush); place the received rows and those prefetched during ``t - 1``;
-  start reading ``t + 1``'s prefetchable rows;
-- ``compute``: forward/backward of the worker's samples;
-- ``allreduce``: the MLP gradients, summed over the workers (and in FAE's
-  hot iterations the gradients of the batch's hot rows);
-- ``push``: local SGD, then start Accumulate/Put of shared, full-set and
-  plan-pushed rows (HET: its pushes of unpushed updates; FAE's hot
-  iterations: SGD on the replica with the summed gradients); ``data`` and
-  ``schedule_wait``: the next plan and batch arrive while those writes are
-  in flight; then complete them (one flush);
+- ``pull``: ``mode.begin`` (FAE: the replica's synchronization the plan asks
+  for; P2P: the rows other workers need from this cache sent, theirs
+  received; HET: the version reads of the cached rows needed); write back
+  evicted dirty rows and read the rows ``t`` needs that the previous
+  iteration wrote (one flush); place those prefetched during ``t - 1``;
+  ``mode.after_reads`` (P2P: received rows placed; HET: versions checked);
+  start reading ``t + 1``'s prefetchable rows if ``mode.reads_ahead``;
+- ``compute``: forward/backward of the worker's samples, their rows from
+  ``mode.embeddings`` (the cache, or FAE's replica);
+- ``allreduce``: the MLP gradients, summed over the workers; then
+  ``mode.reduce`` (FAE's hot iterations: the batch's hot-row gradients);
+- ``push``: ``mode.update`` (local SGD, then Accumulate/Put of shared,
+  full-set and plan-pushed rows; HET: its pushes of unpushed updates; FAE's
+  hot iterations: SGD on the replica); ``data`` and ``schedule_wait``: the
+  next plan and batch arrive while those writes are in flight; then
+  complete them (one flush);
 - ``barrier``: the workers' barrier that ends ``t``.
 
 Ordering: what makes BSP exact with the overlap (docs/design.md, section 11).
@@ -58,24 +60,20 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from hybrid.runtime import checkpoint as ckpt
-from hybrid.runtime import p2p_transport
-from hybrid.scheduling.allocation import AdaptiveLaiaAllocation
-from hybrid.runtime.comm import Roles, init_horovod
-from hybrid.config import Config, SyncMode
+from hybrid import modes
+from hybrid.config import Config
 from hybrid.data.store import BatchStore, GlobalBatch
-from hybrid.runtime.embedding_init import fill_initial_runs
-from hybrid.scheduling.fae_plans import FaeScheduler, calibration_for
-from hybrid.modes.fae import HotReplicas
 from hybrid.models import build_model, dense_optimizer
-from hybrid.scheduling.policy import Sync, policy_for
-from hybrid.scheduling.plan_producer import PlanProducer
+from hybrid.runtime import checkpoint as ckpt
+from hybrid.runtime.comm import Roles, init_horovod
+from hybrid.runtime.embedding_init import fill_initial_runs
 from hybrid.runtime.preemption import StopRequest
 from hybrid.runtime.rma_store import EmbeddingStore, Handle
-from hybrid.scheduling.scheduler import BatchPlan, Scheduler, WorkerPlan
 from hybrid.runtime.shard_plan import ShardPlan
-from hybrid.modes.het import StaleCache
 from hybrid.runtime.watchdog import Watchdog
+from hybrid.scheduling.allocation import AdaptiveLaiaAllocation
+from hybrid.scheduling.plan_producer import PlanProducer
+from hybrid.scheduling.plans import BatchPlan
 
 STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barrier")
 
@@ -94,11 +92,6 @@ class Stages:
         with torch.profiler.record_function(name):
             yield
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-
-def _writes_before(plan: BatchPlan) -> bool:
-    """Whether the PS is written before ``plan``'s iteration starts (FAE's replica), so nothing of it is read ahead."""
-    return plan.fae is not None and plan.fae.push_replicas
 
 
 @dataclass
@@ -127,7 +120,7 @@ class RunState:
 class HybridTrainer:
     """One rank's part of a training run; construct on every rank (collective).
 
-    ``resume``: a checkpoint chosen by every rank alike (``train_job``): PS
+    ``resume``: a checkpoint chosen by every rank alike (``hybrid.training.job``): PS
     ranks load their rows from it, workers the MLP, its optimizer and the
     scheduler's state. ``stop``: a signal request that ends the run early
     with a checkpoint (docs/design.md section 13).
@@ -146,40 +139,26 @@ class HybridTrainer:
         self.overlap = config.train.overlap
         n_rows = int(store.cardinalities.sum())
         dim = config.model.embedding_dim
-        sync = policy_for(config.scheduler.mode).sync
-        het = sync is Sync.het_clocks
-        self.saves = sync not in (Sync.het_clocks, Sync.fae_replicas)  # HET and FAE are not checkpointed yet
+        mode = modes.get(config.scheduler.mode)
         if plan is None and config.cluster.shard_plan:
             plan = ShardPlan.load(config.cluster.shard_plan, n_rows=n_rows, n_shards=config.cluster.ps, dim=dim)
         self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, dim, dtype=self.dtype,
                                     init=self._initial_rows(resume), transport=config.cluster.transport.value,
-                                    spin_seconds=0.0 if roles.oversubscribed else 0.002, versions=het, plan=plan)
+                                    spin_seconds=0.0 if roles.oversubscribed else 0.002,
+                                    versions=mode.store_versions, plan=plan)
         self.hvd = init_horovod(roles)
         self.last_loss = 0.0
         self._served = False  # the workers have released the PS ranks (end_service)
-        self.peers = None  # workers in P2P mode: their own communicator for rows sent cache to cache
-        self.stale = None  # workers in HET mode: the unpushed updates beside the cache
-        self.hot = None  # workers in FAE mode: the replica of the hot rows
-        self.heldout = None  # workers in FAE mode: the test split, whose first samples set the strip lengths
+        self.mode = None  # workers: the mode's worker side (hybrid.modes), called at the loop's fixed points
         self.scored_tables = None  # workers with adaptive LAIA under scheduler.budget_ms: the count agreed on
         if roles.is_ps:
             self.startup_seconds = time.perf_counter() - start
             return
-        if sync is Sync.fae_replicas:
-            self.hot = self._hot_replicas(dim)
-            self.heldout = BatchStore(store.path, split="test", test_fraction=config.data.test_fraction)
-            self.scheduler = FaeScheduler.from_config(config, cardinalities=store.cardinalities,
-                                                      hot_rows=self.hot.rows, worker=roles.worker)
-        else:
-            self.scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, worker=roles.worker)
+        self.mode = mode(modes.WorkerContext(config, roles, self.table, store, self.hvd, evaluate=self.evaluate))
+        self.scheduler, self.cache = self.mode.scheduler, self.mode.cache  # the cache: rows by slot
         self.scored_tables = self._agree_on_scored_tables()
         if config.train.verify_cache:
             self.scheduler.snapshot_worker = roles.worker
-        self.cache = np.zeros((self.scheduler.state.capacity, dim), dtype=self.dtype)  # rows by slot
-        if het:
-            self.stale = StaleCache(self.table, self.cache, roles.worker)
-        if config.scheduler.sync is SyncMode.p2p:
-            self.peers = roles.workers.Dup()
         torch.set_num_threads(config.train.threads or roles.threads)
         self.device = self._device(config.train.device)
         self.model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables,
@@ -208,22 +187,13 @@ class HybridTrainer:
         slowest rank's cost fixes the count for the run (a resumed run keeps
         the one it saved). None when the count is not measured.
         """
-        policy = self.scheduler.policy if isinstance(self.scheduler, Scheduler) else None
+        policy = self.scheduler.policy
         if not isinstance(policy, AdaptiveLaiaAllocation) or policy.score_tables or policy.budget_ms <= 0:
             return None
         first = next(self.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
                                        seed=self.config.data.shuffle_seed))
         mine = policy.measure_cost_ms(self.scheduler.global_rows(first.sparse))
         return policy.fix_table_count(max(self.roles.workers.allgather(mine)))
-
-    def _hot_replicas(self, dim: int) -> HotReplicas:
-        """FAE: the calibration (worker 0 makes and stores it, the others then read it) and the replica."""
-        if self.roles.worker == 0:
-            calibration_for(self.config, self.data)
-        self.roles.worker_barrier()
-        calibration = calibration_for(self.config, self.data, say=lambda *_: None)
-        return HotReplicas(self.table, calibration, dim=dim, dtype=self.dtype, lead=self.roles.worker == 0,
-                           barrier=self.roles.worker_barrier, hvd=self.hvd)
 
     def _initial_rows(self, resume: Optional[ckpt.Checkpoint]) -> Callable[[np.ndarray, list], None]:
         """How a PS rank fills its shard: the seeded initial rows, or its file of the checkpoint."""
@@ -262,11 +232,7 @@ class HybridTrainer:
             self._serve()
             return []
         first = self.run.start_step
-        if self.hot is not None:
-            batches = self.hot.batches(self.data, self.config)
-        else:
-            batches = self.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
-                                        seed=self.config.data.shuffle_seed, start_batch=first)
+        batches = self.mode.batches(first)
         self.last_step = iterations - 1
         producer = PlanProducer(self.scheduler, itertools.islice(batches, iterations - first), marks=self._marks,
                                 resume=self.resume_arrays, keeps_state=self.roles.worker == 0)
@@ -278,8 +244,7 @@ class HybridTrainer:
                 self._restore_cache()
                 self._loop(producer, log, on_step, watchdog, test)
         finally:
-            if self.hot is not None:
-                self.hot.feed.close()  # the scheduler thread may wait for a loss that will not come
+            self.mode.finish()
             producer.close()
         return log
 
@@ -314,9 +279,7 @@ class HybridTrainer:
             before = dict(self.table.rows_moved)
             following, upcoming, stop = self._iteration(ready, upcoming, plans, stages)
             moved = {k: self.table.rows_moved[k] - before[k] for k in before}
-            moved["p2p"] = len(ready.plan.work.p2p_in)  # rows received from other workers' caches
-            hot = ready.plan.work.hot
-            moved["allreduced"] = 0 if hot is None else len(hot.union)  # FAE: hot rows summed (each worker alike)
+            moved.update(ready.plan.work.moved_outside_store())  # rows from peers' caches, rows allreduced
             prefetched = len(ready.plan.work.prefetch) if ready.prefetched is not None else 0
             record = {"step": ready.plan.step, "counts": ready.plan.counts, "moved": moved,
                       "prefetched": prefetched, "digest": ready.plan.digest, "timing": stages.seconds,
@@ -328,7 +291,7 @@ class HybridTrainer:
             watchdog.beat()
             if on_step is not None:
                 on_step(record)
-            if stop and following is not None and not self.saves:  # every worker stops here, without a checkpoint
+            if stop and following is not None and not self.mode.checkpoints:  # all stop here, no checkpoint
                 self.run.stopped_by = self.stop.signal or "a signal on another worker"
                 break
             if stop and not stopping and following is not None:
@@ -454,28 +417,19 @@ class HybridTrainer:
         """
         work, (dense, labels, index) = ready.plan.work, ready.inputs
         with stages("pull"):
-            if ready.plan.fae is not None:  # FAE: replica written, loss measured, replica read, as the plan says
-                self.hot.before(ready.plan.fae, self._heldout_loss)
-            exchange = p2p_transport.start(self.peers, self.cache, work.p2p_out, work.p2p_in) \
-                if self.peers is not None else None  # before anything of this iteration lands in the cache
-            checks = self.stale.start_reads(work.stale) if self.stale is not None else None
+            started = self.mode.begin(ready.plan)  # before anything of this iteration lands in the cache
             handles = [self.table.put(work.writeback.rows, self.cache[work.writeback.slots]),
                        self.table.pull(work.pull.rows, self.cache, at=work.pull.slots)]
             if ready.prefetched is None:  # nothing was read ahead (first iteration, or overlap off)
                 handles.append(self.table.pull(work.prefetch.rows, self.cache, at=work.prefetch.slots))
-            self.table.complete(*handles, *([checks[0]] if checks else []))
-            if exchange is not None:  # after the write-backs copied the slots the rows land in
-                exchange.complete(self.cache)
+            self.table.complete(*handles, *started)
             if ready.prefetched is not None:  # completed by the last iteration's final flush
                 self.cache[work.prefetch.slots] = ready.prefetched[1]
-            if checks is not None:
-                self.stale.verify(work.stale, checks[1])
-                self.stale.place(np.concatenate([work.pull.slots, work.prefetch.slots]))
+            self.mode.after_reads(work)
             ahead = self._prefetch(upcoming[0]) if (upcoming is not None and self.overlap and
-                                                    not _writes_before(upcoming[0])) else None
+                                                    self.mode.reads_ahead(upcoming[0])) else None
         with stages("compute"):
-            rows_by_slot = self.cache if work.hot is None else self.hot.values
-            leaf = torch.from_numpy(rows_by_slot[work.slots]).to(self.device).requires_grad_(True)
+            leaf = torch.from_numpy(self.mode.embeddings(work)[work.slots]).to(self.device).requires_grad_(True)
             logits = self.model(dense, torch.nn.functional.embedding(index, leaf))
             # the global batch's mean loss: each worker sums its samples over the global batch size,
             # and the MLP gradients are summed (not averaged) over the workers
@@ -486,11 +440,9 @@ class HybridTrainer:
         with stages("allreduce"):
             self.optimizer.step()  # ordering rule 1: every worker's reads of this iteration are complete
             self.last_loss = float(loss.detach()) * len(ready.batch)
-            gradients = leaf.grad.detach().cpu().numpy()
-            if work.hot is not None:
-                gradients = self.hot.allreduce(work, gradients)
+            gradients = self.mode.reduce(work, leaf.grad.detach().cpu().numpy())
         with stages("push"):
-            writes = self._push(work, gradients)
+            writes = self.mode.update(work, gradients)
             if not self.overlap:
                 self.table.complete(*writes)
         following, after = None, None
@@ -511,52 +463,6 @@ class HybridTrainer:
         rows = upcoming.work.prefetch.rows
         values = np.empty((len(rows), self.cache.shape[1]), dtype=self.dtype)
         return self.table.pull(rows, values), values
-
-    def _push(self, work: WorkerPlan, gradients: np.ndarray) -> list[Handle]:
-        """Apply this worker's embedding updates; returns the started PS writes.
-
-        Rows trained by this worker alone get local SGD; shared rows add
-        ``-lr * grad`` at the PS; in full-set mode every trained row is
-        updated and written; plan pushes write dirty rows another worker
-        needs next (after their local update). In HET mode every trained
-        row is updated in the cache, and pushed as the state says
-        (``hybrid.modes.het``).
-        """
-        lr = self.config.train.embedding_lr
-        if self.stale is not None:
-            return self.stale.update(work, gradients, lr)
-        if work.hot is not None:  # gradients: the global batch's, summed (HotReplicas.allreduce)
-            self.hot.update(work, gradients, lr)
-            return []
-        local = work.local
-        self.cache[work.slots[local]] -= lr * gradients[local]
-        full = work.full_set
-        full_slots = work.slots[full]
-        self.cache[full_slots] -= lr * gradients[full]
-        writes = [self.table.put(work.rows[full], self.cache[full_slots]),
-                  self.table.put(work.plan_push.rows, self.cache[work.plan_push.slots])]
-        shared = work.accumulate
-        rows, deltas = work.rows[shared], -lr * gradients[shared]
-        if self.config.train.deterministic:
-            return writes + [self._accumulate_in_worker_order(rows, deltas, work)]
-        return writes + [self.table.accumulate(rows, deltas)]
-
-    def _accumulate_in_worker_order(self, rows: np.ndarray, deltas: np.ndarray, work: WorkerPlan) -> Handle:
-        """Add shared rows' deltas turn by turn, so each row's sum has one order: the workers'.
-
-        Concurrent Accumulates to one row land in arrival order, and float
-        addition is not associative, so two runs (or a run and its resume)
-        would differ in the last bits (~1e-16). Turn ``k`` completes at the PS
-        before any worker starts turn ``k + 1``: ``accumulate_rounds - 1``
-        extra flushes and barriers per iteration. Returns the last turn's handle.
-        """
-        turns = work.accumulate_turns
-        for turn in range(work.accumulate_rounds - 1):
-            mine = turns == turn
-            self.table.complete(self.table.accumulate(rows[mine], deltas[mine]))
-            self.roles.worker_barrier()
-        last = turns == max(work.accumulate_rounds - 1, 0)
-        return self.table.accumulate(rows[last], deltas[last])
 
     def verify_cache(self, snapshot: dict) -> None:
         """Check that every cached row this worker holds fresh, and the PS holds too, equals the PS copy.
@@ -582,25 +488,11 @@ class HybridTrainer:
 
     # ------------------------------------------------------------ inspection
     def flush(self) -> None:
-        """Write every dirty row to the PS (collective over workers), e.g. before reading the table."""
+        """Write every update the PS has not seen to it (collective over workers), e.g. before reading the table."""
         if self.roles.is_ps:
             return
-        if self.hot is not None and self.hot.ahead:
-            self.hot.push()
-        if self.stale is not None:
-            workers, rows, slots, counts = self.scheduler.state.flush_pending()
-            mine = workers == self.roles.worker
-            self.stale.flush(rows[mine], slots[mine], counts[mine])
-        else:
-            workers, rows, slots = self.scheduler.state.flush_dirty()
-            mine = workers == self.roles.worker
-            self.table.put(rows[mine], self.cache[slots[mine]]).wait()
+        self.mode.flush()
         self.roles.worker_barrier()
-
-    def _heldout_loss(self) -> float:
-        """FAE: the log loss on the first ``fae.heldout_samples`` test samples, the same on every worker."""
-        result = self.evaluate(self.heldout, limit=self.config.fae.heldout_samples)
-        return self.roles.workers.bcast(result["logloss"] if result is not None else None, root=0)
 
     def evaluate(self, test: BatchStore, batch_size: int = 4096, limit: Optional[int] = None) -> Optional[dict]:
         """AUC and log loss on ``test`` after :meth:`flush`; the result on worker 0, None elsewhere.
@@ -651,7 +543,6 @@ class HybridTrainer:
         self.end_service()
         if self.hvd is not None:
             self.hvd.shutdown()
-        if self.peers is not None:
-            self.peers.Free()
-            self.peers = None
+        if not self.roles.is_ps:
+            self.mode.close()
         self.table.close()

@@ -13,8 +13,8 @@ import torch
 
 from hybrid.config import Config
 from hybrid.data.store import BatchStore
-from hybrid.runtime.embedding_init import initial_rows
 from hybrid.models import build_model, dense_optimizer
+from hybrid.runtime.embedding_init import initial_rows
 
 
 def train_reference(config: Config, store: BatchStore, iterations: int, batches: Optional[Iterable] = None):

@@ -14,12 +14,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Optional
 
+from hybrid import modes
 from hybrid.config import Config, Mode
 from hybrid.data.store import BatchStore
 from hybrid.scheduling.event_kinds import ALLREDUCE_KINDS, CHECK_KINDS, PEER_KINDS, PULL_KINDS, PUSH_KINDS
-from hybrid.scheduling.fae_order import replayed_batches
-from hybrid.scheduling.fae_plans import FaeScheduler, calibration_for
-from hybrid.scheduling.scheduler import Scheduler
 
 
 @dataclass
@@ -85,13 +83,8 @@ def simulate_mode(config: Config, store: BatchStore, mode: Mode, iterations: int
     measures: ``fae_losses`` (per pair, as a run logged them) lays out the
     run's strips; without them the rate stays at its start.
     """
-    if mode is Mode.fae:
-        scheduler, batches, pass_length = _fae_plans(config, store, fae_losses)
-        iterations = iterations or pass_length
-    else:
-        scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, mode=mode)
-        batches = (b.sparse for b in store.batches(config.global_batch, shuffle=config.data.shuffle,
-                                                    seed=config.data.shuffle_seed))
+    scheduler, batches, pass_length = modes.get(mode).simulation(config, store, fae_losses)
+    iterations = iterations or pass_length
     if iterations:
         batches = itertools.islice(batches, iterations)
     counts, seen = ModeCounts(), 0
@@ -106,15 +99,6 @@ def simulate_mode(config: Config, store: BatchStore, mode: Mode, iterations: int
                          f"samples, all within scheduler.warmup_iterations={config.scheduler.warmup_iterations}; "
                          f"lower the warm-up or use more data (or fewer workers)")
     return counts
-
-
-def _fae_plans(config: Config, store: BatchStore, losses: Optional[list]):
-    """FAE's scheduler and its strips over ``store``, the strips laid out with ``losses`` (or none)."""
-    calibration = calibration_for(config, store, say=lambda *_: None)
-    scheduler = FaeScheduler.from_config(config, cardinalities=store.cardinalities, hot_rows=calibration.hot_rows)
-    batches, pass_length = replayed_batches(store, calibration.hot_inputs, config.global_batch,
-                                            shuffle=config.data.shuffle, seed=config.data.shuffle_seed, losses=losses)
-    return scheduler, batches, pass_length
 
 
 def simulate(config: Config, modes, iterations: int = 0, progress=None) -> dict[Mode, ModeCounts]:

@@ -1,6 +1,6 @@
 """The training summary as text: the lines ``hybrid train`` prints and ``hybrid compare``'s table.
 
-Pure functions of the summary dict (``train_job`` writes it), so reading
+Pure functions of the summary dict (``hybrid.training.job`` writes it), so reading
 summaries never imports MPI: a process that has started MPI cannot launch
 ``mpirun`` itself.
 """

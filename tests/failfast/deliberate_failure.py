@@ -1,7 +1,7 @@
 """A test that fails on one rank only, before a collective the others enter.
 
 Not collected by default (the name does not start with ``test_``);
-``tests/unit/test_mpi_failfast.py`` runs it under mpirun to check that such
+``tests/unit/training/test_mpi_failfast.py`` runs it under mpirun to check that such
 a failure ends the whole run at once with the failure printed, instead of
 leaving the other ranks waiting in the barrier.
 """

@@ -1,4 +1,4 @@
-"""Run under mpirun by tests/unit/test_mpi_failfast.py: a real ``hybrid train`` in which worker 1 alone fails.
+"""Run under mpirun by tests/unit/training/test_mpi_failfast.py: a real ``hybrid train`` in which worker 1 alone fails.
 
 ``python worker_fails.py startup|mid-run|hang HYBRID-TRAIN-ARGS...``: worker 1
 raises while its trainer starts (after the PS windows exist, before Horovod's

@@ -6,8 +6,8 @@ import numpy as np
 from mpi4py import MPI
 
 from hybrid.runtime.comm import split_roles
-from hybrid.training.reference import train_reference
 from hybrid.training.loop import HybridTrainer
+from hybrid.training.reference import train_reference
 
 
 @dataclass

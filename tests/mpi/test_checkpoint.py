@@ -1,7 +1,7 @@
 """Checkpoint and resume inside one MPI job, with one and two PS ranks (docs/design.md section 13).
 
 The runs through ``hybrid train`` with kill -9 and signals are in
-tests/unit/test_resume.py; here every rank count of the suite (3-5 ranks)
+tests/unit/training/test_resume.py; here every rank count of the suite (3-5 ranks)
 and two PS ranks writing their shards in parallel.
 """
 from pathlib import Path
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hybrid.runtime import checkpoint as ckpt
-from hybrid.runtime.comm import split_roles
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
+from hybrid.runtime import checkpoint as ckpt
+from hybrid.runtime.comm import split_roles
 from hybrid.training.loop import HybridTrainer
 from shared_store import shared_store
 

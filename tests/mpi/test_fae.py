@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hybrid.runtime.comm import split_roles
 from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore
+from hybrid.runtime.comm import split_roles
 from hybrid.scheduling.fae_order import replayed_batches
+from hybrid.training.loop import HybridTrainer
 from hybrid.training.reference import train_reference
 from hybrid.training.simulator import simulate_mode
-from hybrid.training.loop import HybridTrainer
 from shared_store import shared_store
 
 ITERATIONS = 70
@@ -45,7 +45,7 @@ def _train(config, store):
     log = trainer.train(ITERATIONS)
     trainer.flush()
     lead = roles.worker == 0
-    result = (log, trainer.hot.losses, trainer.table.read_all(),
+    result = (log, trainer.mode.replicas.losses, trainer.table.read_all(),
               [p.detach().numpy().copy() for p in trainer.model.parameters()]) if lead else None
     moved = {k: sum(r["moved"][k] for r in log) for k in ("pull", "put", "accumulate")} if log else {}
     trainer.close()
@@ -91,7 +91,7 @@ def test_every_worker_lays_out_the_same_strips_and_plans(store_path):
     roles = split_roles(config.cluster.workers, config.cluster.ps)
     trainer = HybridTrainer(config, roles, store)
     log = trainer.train(ITERATIONS)
-    losses = trainer.hot.losses if trainer.hot is not None else None
+    losses = trainer.mode.replicas.losses if trainer.mode is not None else None
     trainer.close()
     everyone = MPI.COMM_WORLD.allgather(None if roles.is_ps else ([r["digest"] for r in log], losses))
     roles.free()

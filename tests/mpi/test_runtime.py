@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hybrid.training import job as train_job
-from hybrid.runtime.comm import AgreementError, split_roles
 from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore, StoreError, _fingerprint
-from hybrid.training.simulator import simulate_mode
+from hybrid.runtime.comm import AgreementError, split_roles
+from hybrid.training import job as train_job
 from hybrid.training.loop import HybridTrainer
+from hybrid.training.simulator import simulate_mode
 from shared_store import shared_store
 
 

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hybrid.sharding import tasks as sharding_tasks
 from hybrid.bench import sharding_bench
+from hybrid.sharding import tasks as sharding_tasks
 
 
 @pytest.mark.mpi(min_size=3)

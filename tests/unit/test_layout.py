@@ -56,3 +56,25 @@ def test_every_package_says_what_it_may_import():
     for init in sorted(PACKAGE.glob("*/__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert "import" in doc.lower(), f"{init.relative_to(PACKAGE.parent)}: its docstring does not say what it may import"
+
+
+def test_the_training_loop_names_no_mode():
+    """Modes are plug-ins: the loop's code (not its docs) names no mode, no mode's state, no mode module."""
+    loop = PACKAGE / "training" / "loop.py"
+    tree = ast.parse(loop.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    mode_words = {"vanilla", "laia", "herald", "het", "fae", "p2p", "peer", "peers", "hot", "stale",
+                  "replica", "replicas", "sync", "Sync", "SyncMode"}
+    named = sorted(n for n in names if mode_words & set(n.split("_")) or n in mode_words)
+    assert not named, f"{loop.relative_to(PACKAGE.parent)} names mode-specific things: {named}"
+    modules = [name for _, name in _imports(loop) if name.startswith("hybrid.modes.")]
+    assert not modules, f"the loop imports mode modules directly: {modules}; take the mode from hybrid.modes.get"

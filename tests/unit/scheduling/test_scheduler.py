@@ -4,10 +4,11 @@ import json
 import numpy as np
 import pytest
 
+from hybrid import modes
 from hybrid.cli import main
 from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore
-from hybrid.scheduling.scheduler import Scheduler, SchedulerError
+from hybrid.scheduling.policy import SchedulerError
 from hybrid.training.simulator import simulate
 
 
@@ -17,7 +18,7 @@ def _config(store_path, *overrides):
 
 
 def _digests(config, store, iterations, worker=0):
-    scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, worker=worker)
+    scheduler = modes.scheduler_for(config, cardinalities=store.cardinalities, worker=worker)
     batches = (b.sparse for b in store.batches(config.global_batch))
     return [plan.digest for plan, _ in zip(scheduler.plans(batches), range(iterations))]
 
@@ -47,7 +48,7 @@ def test_each_workers_transmissions_add_up_to_the_iterations(criteo_like, mode):
 
     store = BatchStore(criteo_like)
     config = _config(criteo_like, f"scheduler.mode={mode}", *(["scheduler.staleness=2"] if mode == "het" else []))
-    scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities)
+    scheduler = modes.scheduler_for(config, cardinalities=store.cardinalities)
     spread = 0
     for plan, _ in zip(scheduler.plans(b.sparse for b in store.batches(config.global_batch)), range(40)):
         moved = sum(plan.counts[k] for k in PULL_KINDS + PUSH_KINDS + PEER_KINDS)
@@ -60,13 +61,13 @@ def test_a_scheduler_that_looks_ahead_resumes_to_the_uninterrupted_plans(criteo_
     store = BatchStore(criteo_like)
     config = _config(criteo_like, "scheduler.mode=herald", "scheduler.scoring=cost", "scheduler.lookahead=true")
     batches = [b.sparse for _, b in zip(range(40), store.batches(config.global_batch))]
-    whole = [plan.digest for plan in Scheduler.from_config(config, cardinalities=store.cardinalities).plans(batches)]
-    first = Scheduler.from_config(config, cardinalities=store.cardinalities)
+    whole = [plan.digest for plan in modes.scheduler_for(config, cardinalities=store.cardinalities).plans(batches)]
+    first = modes.scheduler_for(config, cardinalities=store.cardinalities)
     for plan in first.plans(batches):
         if plan.step == 19:
             saved = first.save_arrays()
             break
-    resumed = Scheduler.from_config(config, cardinalities=store.cardinalities)
+    resumed = modes.scheduler_for(config, cardinalities=store.cardinalities)
     assert [plan.digest for plan in resumed.plans(batches[20:], resume=saved)] == whole[20:]
     assert len(whole) == 40
 
@@ -75,7 +76,7 @@ def test_plans_carry_each_workers_executable_share(criteo_like):
     """The four workers' shares partition the global batch and its counts."""
     store = BatchStore(criteo_like)
     config = _config(criteo_like, "scheduler.mode=herald")
-    schedulers = [Scheduler.from_config(config, cardinalities=store.cardinalities, worker=w) for w in range(4)]
+    schedulers = [modes.scheduler_for(config, cardinalities=store.cardinalities, worker=w) for w in range(4)]
     streams = [s.plans(b.sparse for b in store.batches(config.global_batch)) for s in schedulers]
     capacity = schedulers[0].state.capacity
     for step, plans in zip(range(30), zip(*streams)):
@@ -104,41 +105,42 @@ def test_p2p_trades_push_and_pull_pairs_for_single_sends(criteo_like):
     assert p2p.p2p > 0
     assert p2p.transmissions < ps.transmissions
     with pytest.raises(SchedulerError, match="p2p needs an on-demand mode"):
-        Scheduler.from_config(_config(criteo_like, "scheduler.sync=p2p", "scheduler.mode=vanilla"),
-                              cardinalities=store.cardinalities)
+        modes.scheduler_for(_config(criteo_like, "scheduler.sync=p2p", "scheduler.mode=vanilla"),
+                            cardinalities=store.cardinalities)
 
 
 def test_cache_smaller_than_a_working_set_is_refused(criteo_like):
     store = BatchStore(criteo_like)
     with pytest.raises(SchedulerError, match=r"cache.ratio=0.001 gives \d+ slots .* use cache.ratio >= 0.0"):
-        Scheduler.from_config(_config(criteo_like, "cache.ratio=0.001"), cardinalities=store.cardinalities)
+        modes.scheduler_for(_config(criteo_like, "cache.ratio=0.001"), cardinalities=store.cardinalities)
 
 
 def test_unsupported_settings_say_so(criteo_like):
     store = BatchStore(criteo_like)
     with pytest.raises(SchedulerError, match="use data.test_fraction > 0"):
-        Scheduler.from_config(_config(criteo_like, "scheduler.mode=fae", "data.test_fraction=0"),
-                              cardinalities=store.cardinalities)
+        modes.scheduler_for(_config(criteo_like, "scheduler.mode=fae", "data.test_fraction=0"),
+                            cardinalities=store.cardinalities)
     with pytest.raises(SchedulerError, match="staleness=2 applies to mode het"):
-        Scheduler.from_config(_config(criteo_like, "scheduler.staleness=2"), cardinalities=store.cardinalities)
+        modes.scheduler_for(_config(criteo_like, "scheduler.staleness=2"), cardinalities=store.cardinalities)
     for setting in ("train.checkpoint_every=10", "train.eval_every=10", "train.deterministic=true"):
         with pytest.raises(SchedulerError, match=f"{setting.split('=')[0]}=.* not supported with scheduler.mode=het"):
-            Scheduler.from_config(_config(criteo_like, "scheduler.mode=het", setting),
-                                  cardinalities=store.cardinalities)
+            modes.scheduler_for(_config(criteo_like, "scheduler.mode=het", setting),
+                                cardinalities=store.cardinalities)
 
 
 def test_every_mode_is_one_policy_and_schedules(criteo_like):
     """Allocation and synchronization per mode (docs/design.md section 7); one loop runs them all."""
-    from hybrid.scheduling.policy import POLICIES, Allocation, Sync
+    from hybrid.scheduling.policy import Allocation, Sync
 
-    assert set(POLICIES) == set(Mode)
-    assert {m.value: (p.allocation, p.sync) for m, p in POLICIES.items()} == {
+    assert set(modes.MODES) == set(Mode)
+    assert {m.value: (c.schedule.allocation, c.schedule.sync) for m, c in modes.MODES.items()} == {
         "vanilla": (Allocation.random, Sync.full_set), "laia": (Allocation.laia, Sync.full_set),
         "plan": (Allocation.random, Sync.on_demand), "herald": (Allocation.laia, Sync.on_demand),
         "het": (Allocation.contiguous, Sync.het_clocks), "fae": (Allocation.hot_cold, Sync.fae_replicas)}
     store = BatchStore(criteo_like)
-    for mode, policy in POLICIES.items():
-        scheduler = Scheduler.from_config(_config(criteo_like), cardinalities=store.cardinalities, mode=mode)
+    for mode, chosen in modes.MODES.items():
+        policy = chosen.schedule
+        scheduler = modes.scheduler_for(_config(criteo_like), cardinalities=store.cardinalities, mode=mode)
         assert scheduler.state.full_set == (policy.sync in (Sync.full_set, Sync.fae_replicas))
         assert (scheduler.state.staleness >= 0) == (policy.sync is Sync.het_clocks)
 
@@ -184,7 +186,7 @@ def test_a_scheduler_resumed_from_saved_arrays_makes_the_same_plans(criteo_like,
     store = BatchStore(criteo_like)
     config = _config(criteo_like, *settings)
     full = _digests(config, store, 120)
-    scheduler = Scheduler.from_config(config, cardinalities=store.cardinalities, worker=0)
+    scheduler = modes.scheduler_for(config, cardinalities=store.cardinalities, worker=0)
     for plan in scheduler.plans(b.sparse for b in store.batches(config.global_batch)):
         if plan.step == 40:
             np.savez(tmp_path / "scheduler.npz", **scheduler.save_arrays())
@@ -192,7 +194,7 @@ def test_a_scheduler_resumed_from_saved_arrays_makes_the_same_plans(criteo_like,
     with np.load(tmp_path / "scheduler.npz", allow_pickle=False) as saved:
         arrays = dict(saved)
     assert int(arrays["next_step"]) == 41
-    resumed = Scheduler.from_config(config, cardinalities=store.cardinalities, worker=2)
+    resumed = modes.scheduler_for(config, cardinalities=store.cardinalities, worker=2)
     batches = (b.sparse for b in store.batches(config.global_batch, start_batch=41))
     plans = [(plan.step, plan.digest) for plan, _ in zip(resumed.plans(batches, resume=arrays), range(79))]
     assert plans == list(enumerate(full))[41:]
@@ -200,13 +202,13 @@ def test_a_scheduler_resumed_from_saved_arrays_makes_the_same_plans(criteo_like,
 
 def test_a_saved_state_of_another_shape_is_refused(criteo_like):
     store = BatchStore(criteo_like)
-    scheduler = Scheduler.from_config(_config(criteo_like), cardinalities=store.cardinalities, worker=0)
+    scheduler = modes.scheduler_for(_config(criteo_like), cardinalities=store.cardinalities, worker=0)
     next(scheduler.plans(b.sparse for b in store.batches(64)))
     arrays = scheduler.save_arrays()
-    other = Scheduler.from_config(_config(criteo_like, "cache.ratio=0.3"), cardinalities=store.cardinalities)
+    other = modes.scheduler_for(_config(criteo_like, "cache.ratio=0.3"), cardinalities=store.cardinalities)
     with pytest.raises(ValueError, match="saved cluster state has"):
         next(other.plans((b.sparse for b in store.batches(64, start_batch=1)), resume=arrays))
     damaged = dict(arrays, **{"state.lru_next": np.full_like(arrays["state.lru_next"], 10**6)})
-    fresh = Scheduler.from_config(_config(criteo_like), cardinalities=store.cardinalities)
+    fresh = modes.scheduler_for(_config(criteo_like), cardinalities=store.cardinalities)
     with pytest.raises(ValueError, match="lru_next links outside the cache"):
         next(fresh.plans((b.sparse for b in store.batches(64, start_batch=1)), resume=damaged))

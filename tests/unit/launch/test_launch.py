@@ -2,7 +2,7 @@
 import subprocess
 from pathlib import Path
 
-LAUNCHER = Path(__file__).resolve().parents[2] / "launch" / "mpirun.sh"
+LAUNCHER = Path(__file__).resolve().parents[3] / "launch" / "mpirun.sh"
 
 
 def _printed_command(*args: str) -> str:

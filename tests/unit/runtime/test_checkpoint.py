@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from hybrid.runtime import checkpoint as ckpt
 from hybrid.config import load_config
+from hybrid.runtime import checkpoint as ckpt
 
 
 def _commit(directory: ckpt.CheckpointDir, step: int, rows: np.ndarray) -> ckpt.Checkpoint:

@@ -85,7 +85,7 @@ def test_compare_puts_modes_side_by_side_against_the_first_per_config(tmp_path, 
 
 def test_a_run_is_labelled_by_its_mode_and_the_allocation_settings_that_differ_from_the_paper():
     from hybrid.config import load_config
-    from hybrid.scheduling.policy import run_label
+    from hybrid.modes import run_label
 
     assert run_label(load_config(None, ["scheduler.mode=herald"])) == "herald"
     assert run_label(load_config(None, ["scheduler.mode=herald", "scheduler.scoring=cost", "scheduler.order=confident",

@@ -10,7 +10,7 @@ import pytest
 
 import mpi_jobs
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_a_failure_on_one_rank_ends_the_mpi_run_within_30_seconds():

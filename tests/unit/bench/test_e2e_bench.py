@@ -7,7 +7,8 @@ import pytest
 
 from hybrid.bench import e2e_bench
 from hybrid.bench.emulated_hosts import EmulatedHosts, EmulationUnavailable, LinkShape, check_available
-from hybrid.cli import _bandwidth, main
+from hybrid.cli import main
+from hybrid.cli.bench import _bandwidth
 from hybrid.runtime.link_counters import link_bytes
 
 

@@ -13,7 +13,7 @@ from hybrid.data.store import BatchStore
 from hybrid.data.synthetic import CRITEO_KAGGLE, MOVIELENS_100K, PROFILES, SyntheticGenerator, synthesize, zipf_cdf
 from hybrid.training.simulator import reduction, simulate_mode
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 REAL_ML100K = REPO / "data" / "ml-100k"
 
 # Measured on the real MovieLens-100k (data/ml-100k from `hybrid fetch movielens-100k`, fingerprint

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hybrid.config import load_config
+from hybrid import modes
+from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore
 from hybrid.data.synthetic import synthesize
 from hybrid.scheduling.fae_order import LAG_BATCHES, LossFeed, FeedClosed, MiniBatches, fae_batches, strip_order
@@ -114,8 +115,8 @@ def test_the_loss_feed_hands_losses_in_order_and_gives_up_when_closed():
 
 def _plans(config, store, worker):
     calibration = calibration_for(config, store, say=lambda *_: None)
-    scheduler = FaeScheduler.from_config(config, cardinalities=store.cardinalities,
-                                         hot_rows=calibration.hot_rows, worker=worker)
+    scheduler = FaeScheduler(modes.scheduler_for(config, cardinalities=store.cardinalities, mode=Mode.fae,
+                                                 worker=worker), calibration.hot_rows)
     mini = MiniBatches.of(store, calibration.hot_inputs, config.global_batch)
     batches = fae_batches(store, strip_order(mini, ShuffleSchedule(), lambda pair: None))
     n = len(mini.hot) + len(mini.cold) + 10

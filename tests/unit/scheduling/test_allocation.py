@@ -7,8 +7,8 @@ from hybrid._ext import laia
 from hybrid._ext.cluster_state import ClusterState
 from hybrid.scheduling.allocation import (AdaptiveLaiaAllocation, ContiguousAllocation, LaiaAllocation, RandomAllocation,
                                TableProfiler, capacities, chunk_layout, interleaved_slots, margin_order)
-from hybrid.scheduling.brute_force import best_allocation, iteration_cost, scheduling_quality
 from hybrid.counter_hash import hash3
+from hybrid.scheduling.brute_force import best_allocation, iteration_cost, scheduling_quality
 
 
 @given(st.integers(1, 500), st.integers(1, 70))

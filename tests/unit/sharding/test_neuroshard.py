@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from hybrid.sharding import cost_data, neuroshard
 from hybrid.cli import main
-from hybrid.sharding.cost_models import CostModels, fit_comm, fit_serving, table_slice
 from hybrid.runtime.shard_plan import Columns, ShardPlan
+from hybrid.sharding import cost_data, neuroshard
+from hybrid.sharding.cost_models import CostModels, fit_comm, fit_serving, table_slice
 
 
 class AnalyticModels:

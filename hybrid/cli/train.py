@@ -1,0 +1,87 @@
+"""``train`` (multi-rank training, under mpirun) and ``compare`` (the summaries of runs side by side).
+
+``mpi4py.MPI`` is imported only once a rank must abort: a process that
+imported it is an MPI singleton, and an mpirun it starts fails at once.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from hybrid.cli.output import EXIT_FAILURE
+from hybrid.config import ConfigError, load_config
+from hybrid.data.store import StoreError
+
+
+def cmd_train(args) -> int:
+    """This rank's part of the job; on an error anywhere in it, every rank ends."""
+    config = load_config(args.config, args.overrides)
+    from hybrid.training import job, summary_text
+    from hybrid.runtime.preemption import StopRequest
+
+    stop = StopRequest().install()  # SIGTERM/SIGINT/SIGUSR1: checkpoint, then exit 0
+    try:
+        summary = job.run(config, log_path=args.log_jsonl, summary_path=args.summary_json,
+                          progress=not args.no_progress, resume=args.resume, stop=stop)
+    except (Exception, KeyboardInterrupt) as err:
+        _end_the_job(err)
+        raise
+    if summary is not None:
+        print(summary_text.format_summary(summary), flush=True)
+        print(summary_text.format_breakdown(summary), flush=True)
+        extra = summary_text.format_checkpoints(summary)
+        if extra:
+            print(extra, flush=True)
+    return 0
+
+
+def _end_the_job(err: BaseException) -> None:
+    """Print ``err`` naming this rank, then abort every rank (docs/design.md section 2).
+
+    An error raised on some ranks only would leave the others waiting in a
+    collective forever, so no collective runs on this path: the message goes
+    out first, then ``MPI_Abort`` ends the whole job with a non-zero exit.
+    """
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        return
+    detail = "" if isinstance(err, (ConfigError, StoreError, ValueError, RuntimeError)) else \
+        "".join(traceback.format_exception(err))
+    print(f"{detail}hybrid train: error on rank {world.rank} of {world.size} ({MPI.Get_processor_name()}): "
+          f"{type(err).__name__}: {err}; ending every rank", file=sys.stderr, flush=True)
+    world.Abort(EXIT_FAILURE)
+
+
+def cmd_compare(args) -> int:
+    """Modes side by side from the summaries ``hybrid train --summary-json`` wrote."""
+    from hybrid.training.summary_text import compare_summaries
+
+    summaries = []
+    for path in args.summaries:
+        try:
+            summaries.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path}: not a training summary ({err})") from None
+    print(compare_summaries(summaries))
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``train`` and ``compare``."""
+    p = subparsers.add_parser("train", help="multi-rank training (run under mpirun: workers + PS ranks)")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="config overrides key=value")
+    p.add_argument("--log-jsonl", help="worker 0 writes one JSON record per iteration here")
+    p.add_argument("--summary-json", help="worker 0 writes the final summary here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest usable checkpoint in train.checkpoint_dir (start if none)")
+    p.set_defaults(func=cmd_train)
+
+    p = subparsers.add_parser("compare", help="modes side by side from 'hybrid train --summary-json' files")
+    p.add_argument("summaries", nargs="+", help="summary JSON files; per config, the first is the baseline")
+    p.set_defaults(func=cmd_compare)

@@ -1,0 +1,168 @@
+"""What a training mode is: scheduling choices, and the hooks the training loop calls (docs/design.md section 7).
+
+A mode is one class in one module of this package. Its class attributes and
+class methods are its scheduling side, used on every rank and by the
+simulator without MPI: the allocation and synchronization it asks of the
+scheduler (:class:`~hybrid.scheduling.policy.SchedulePolicy`), the settings
+it refuses, the scheduler and batch order it runs. An instance, made on each
+worker by the training loop, is its worker side: the loop
+(``hybrid.training.loop``) knows only the stages of an iteration and calls
+these hooks at fixed points, in this order::
+
+    pull       begin(plan)              before the iteration's reads are issued; returns
+                                        store handles the loop completes with its reads
+               (loop: write-backs, pulls, prefetched rows placed)
+               after_reads(work)        after every read of the iteration has landed
+               reads_ahead(next_plan)   may the next iteration's rows be read now?
+    compute    embeddings(work)         the rows-by-slot array the samples' rows come from
+    allreduce  reduce(work, gradients)  the embedding gradients to apply (after the MLP's allreduce)
+    push       update(work, gradients)  apply them; returns the started PS writes
+    barrier    (loop)
+    end        flush(), finish(), close()
+
+Everything a worker executes is in its :class:`~hybrid.scheduling.plans.WorkerPlan`
+(``work``): the loop moves the rows every cached mode moves (write-backs,
+pulls, prefetches) and the mode decides the rest. Importing a mode must not
+start MPI or load torch (``hybrid simulate`` runs without them): the worker
+side imports the runtime's MPI modules where it uses them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Optional
+
+import numpy as np
+
+from hybrid.config import Config, Mode, SyncMode
+from hybrid.data.store import BatchStore, GlobalBatch
+from hybrid.scheduling.plans import BatchPlan, WorkerPlan
+from hybrid.scheduling.policy import SchedulePolicy, SchedulerError
+from hybrid.scheduling.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from hybrid.runtime.comm import Roles
+    from hybrid.runtime.rma_store import EmbeddingStore, Handle
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """What a mode's worker side works with; the training loop builds it on each worker."""
+
+    config: Config
+    roles: "Roles"
+    table: "EmbeddingStore"  # the PS tier (every rank's windows)
+    data: BatchStore  # the training split
+    hvd: object  # horovod.torch, initialized on the workers' communicator
+    evaluate: Callable[..., Optional[dict]]  # (store, limit=None): the loop's evaluation, collective over workers
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.config.model.precision.value)
+
+
+class TrainingMode:
+    """One training mode. Subclasses set the class attributes and implement :meth:`update` and :meth:`flush`."""
+
+    name: ClassVar[Mode]
+    schedule: ClassVar[SchedulePolicy]
+    takes_staleness: ClassVar[bool] = False  # runs with scheduler.staleness > 0
+    peer_to_peer: ClassVar[bool] = False  # runs with scheduler.sync=p2p
+    checkpoints: ClassVar[bool] = True  # checkpoints, mid-run evaluations, deterministic accumulation
+    store_versions: ClassVar[bool] = False  # the PS keeps a version counter per row
+
+    # ------------------------------------------------------- scheduling side
+    @classmethod
+    def check(cls, config: Config) -> None:
+        """Raise :class:`SchedulerError` when this mode cannot run ``config`` (cheap: before any collective)."""
+        if config.scheduler.staleness and not cls.takes_staleness:
+            raise SchedulerError(f"scheduler.staleness={config.scheduler.staleness} applies to mode het only; "
+                                 f"use scheduler.staleness=0 with mode {cls.name.value}")
+        if config.scheduler.sync is SyncMode.p2p and not cls.peer_to_peer:
+            raise SchedulerError(f"scheduler.sync=p2p needs an on-demand mode (plan or herald), "
+                                 f"not {cls.name.value}")
+        cls.schedule.check(config)
+        if not cls.checkpoints:
+            cls._refuse_unsaved(config)
+        cls.check_settings(config)
+
+    @classmethod
+    def check_settings(cls, config: Config) -> None:
+        """What else this mode refuses (after the common checks); nothing by default."""
+
+    @classmethod
+    def _refuse_unsaved(cls, config: Config) -> None:
+        """A mode whose workers hold updates the PS has not seen refuses what needs the PS complete mid-run."""
+        refused = {"train.checkpoint_every": config.train.checkpoint_every,
+                   "train.eval_every": config.train.eval_every,
+                   "train.deterministic": config.train.deterministic}
+        for key, value in refused.items():
+            if value:
+                raise SchedulerError(f"{key}={value} is not supported with scheduler.mode={cls.name.value}: "
+                                     f"its workers hold updates the PS has not seen (HET's caches, FAE's "
+                                     f"replicas), which checkpoints and mid-run evaluations do not carry yet; "
+                                     f"use {key}=0 or another mode")
+
+    @classmethod
+    def scheduler_for(cls, config: Config, *, cardinalities, worker: Optional[int] = None) -> Scheduler:
+        """The scheduler over the cluster state with this mode's choices (``worker``: the runtime's own)."""
+        cls.check(config)
+        return Scheduler.from_config(config, cardinalities=cardinalities, policy=cls.schedule, worker=worker)
+
+    @classmethod
+    def simulation(cls, config: Config, store: BatchStore, losses: Optional[list] = None):
+        """(scheduler, batches of ids, iterations of one pass or 0) for ``hybrid simulate``; ``losses``: FAE's."""
+        scheduler = cls.scheduler_for(config, cardinalities=store.cardinalities)
+        batches = (b.sparse for b in store.batches(config.global_batch, shuffle=config.data.shuffle,
+                                                    seed=config.data.shuffle_seed))
+        return scheduler, batches, 0
+
+    # ----------------------------------------------------------- worker side
+    def __init__(self, context: WorkerContext):
+        self.context = context
+        self.config, self.roles, self.table = context.config, context.roles, context.table
+        self.scheduler = self.worker_scheduler()
+        self.cache = np.zeros((self.scheduler.state.capacity, self.config.model.embedding_dim),
+                              dtype=context.dtype)  # this worker's cached rows, by slot
+
+    def worker_scheduler(self):
+        """This worker's scheduler: every worker runs its own, identically (no schedule is sent)."""
+        return self.scheduler_for(self.config, cardinalities=self.context.data.cardinalities,
+                                  worker=self.roles.worker)
+
+    def batches(self, start_batch: int) -> Iterator[GlobalBatch]:
+        """The global batches in training order, from batch ``start_batch`` (a resumed run's)."""
+        return self.context.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
+                                         seed=self.config.data.shuffle_seed, start_batch=start_batch)
+
+    def begin(self, plan: BatchPlan) -> list["Handle"]:
+        """Start what precedes the iteration's reads; returns store handles to complete with them."""
+        return []
+
+    def after_reads(self, work: WorkerPlan) -> None:
+        """Every read of the iteration (pulls, prefetched rows, the handles of :meth:`begin`) has landed."""
+
+    def reads_ahead(self, plan: BatchPlan) -> bool:
+        """Whether ``plan``'s prefetchable rows may be read while the current iteration runs."""
+        return True
+
+    def embeddings(self, work: WorkerPlan) -> np.ndarray:
+        """The rows-by-slot array ``work.slots`` index into."""
+        return self.cache
+
+    def reduce(self, work: WorkerPlan, gradients: np.ndarray) -> np.ndarray:
+        """The gradients of ``work.rows`` to apply, from this worker's own (``[len(rows), dim]``)."""
+        return gradients
+
+    def update(self, work: WorkerPlan, gradients: np.ndarray) -> list["Handle"]:
+        """Apply the embedding updates; returns the started PS writes (the loop completes them)."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Write every update the PS has not seen to it (collective over workers: the loop barriers after)."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Training ended, normally or not: release whatever waits for the loop."""
+
+    def close(self) -> None:
+        """Free what the mode holds besides memory (communicators)."""
