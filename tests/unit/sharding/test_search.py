@@ -246,7 +246,7 @@ def test_the_cache_counts_every_call_and_the_search_is_deterministic(monkeypatch
 
 def test_equal_slices_share_cache_entries_and_count_as_a_multiset():
     serving = Serving()
-    cache = search._ServingCache(serving)
+    cache = shard_search._ServingCache(serving)
     s = FakeSlice(0, "columns", 0, 10, 4, 5)
     a, b = cache.intern(s), cache.intern(FakeSlice(0, "columns", 0, 10, 4, 5))
     assert a == b
