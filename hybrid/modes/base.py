@@ -28,6 +28,7 @@ side imports the runtime's MPI modules where it uses them.
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Optional
 
@@ -36,7 +37,7 @@ import numpy as np
 from hybrid.config import Config, Mode, SyncMode
 from hybrid.data.store import BatchStore, GlobalBatch
 from hybrid.scheduling.plans import BatchPlan, WorkerPlan
-from hybrid.scheduling.policy import SchedulePolicy, SchedulerError
+from hybrid.scheduling.policy import SchedulePolicy, SchedulerError, Sync
 from hybrid.scheduling.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -60,13 +61,11 @@ class WorkerContext:
         return np.dtype(self.config.model.precision.value)
 
 
-class TrainingMode:
-    """One training mode. Subclasses set the class attributes and implement :meth:`update` and :meth:`flush`."""
+class TrainingMode(abc.ABC):
+    """One training mode. Subclasses set ``name`` and ``schedule`` and implement :meth:`update` and :meth:`flush`."""
 
     name: ClassVar[Mode]
     schedule: ClassVar[SchedulePolicy]
-    takes_staleness: ClassVar[bool] = False  # runs with scheduler.staleness > 0
-    peer_to_peer: ClassVar[bool] = False  # runs with scheduler.sync=p2p
     checkpoints: ClassVar[bool] = True  # checkpoints, mid-run evaluations, deterministic accumulation
     store_versions: ClassVar[bool] = False  # the PS keeps a version counter per row
 
@@ -74,10 +73,10 @@ class TrainingMode:
     @classmethod
     def check(cls, config: Config) -> None:
         """Raise :class:`SchedulerError` when this mode cannot run ``config`` (cheap: before any collective)."""
-        if config.scheduler.staleness and not cls.takes_staleness:
+        if config.scheduler.staleness and cls.schedule.sync is not Sync.het_clocks:
             raise SchedulerError(f"scheduler.staleness={config.scheduler.staleness} applies to mode het only; "
                                  f"use scheduler.staleness=0 with mode {cls.name.value}")
-        if config.scheduler.sync is SyncMode.p2p and not cls.peer_to_peer:
+        if config.scheduler.sync is SyncMode.p2p and cls.schedule.sync is not Sync.on_demand:
             raise SchedulerError(f"scheduler.sync=p2p needs an on-demand mode (plan or herald), "
                                  f"not {cls.name.value}")
         cls.schedule.check(config)
@@ -112,9 +111,13 @@ class TrainingMode:
     def simulation(cls, config: Config, store: BatchStore, losses: Optional[list] = None):
         """(scheduler, batches of ids, iterations of one pass or 0) for ``hybrid simulate``; ``losses``: FAE's."""
         scheduler = cls.scheduler_for(config, cardinalities=store.cardinalities)
-        batches = (b.sparse for b in store.batches(config.global_batch, shuffle=config.data.shuffle,
-                                                    seed=config.data.shuffle_seed))
-        return scheduler, batches, 0
+        return scheduler, (b.sparse for b in cls._store_order(config, store)), 0
+
+    @staticmethod
+    def _store_order(config: Config, store: BatchStore, start_batch: int = 0) -> Iterator[GlobalBatch]:
+        """The store's global batches in file order, or shuffled with ``data.shuffle`` (the same on every rank)."""
+        return store.batches(config.global_batch, shuffle=config.data.shuffle, seed=config.data.shuffle_seed,
+                             start_batch=start_batch)
 
     # ----------------------------------------------------------- worker side
     def __init__(self, context: WorkerContext):
@@ -131,8 +134,7 @@ class TrainingMode:
 
     def batches(self, start_batch: int) -> Iterator[GlobalBatch]:
         """The global batches in training order, from batch ``start_batch`` (a resumed run's)."""
-        return self.context.data.batches(self.config.global_batch, shuffle=self.config.data.shuffle,
-                                         seed=self.config.data.shuffle_seed, start_batch=start_batch)
+        return self._store_order(self.config, self.context.data, start_batch)
 
     def begin(self, plan: BatchPlan) -> list["Handle"]:
         """Start what precedes the iteration's reads; returns store handles to complete with them."""
@@ -153,13 +155,13 @@ class TrainingMode:
         """The gradients of ``work.rows`` to apply, from this worker's own (``[len(rows), dim]``)."""
         return gradients
 
+    @abc.abstractmethod
     def update(self, work: WorkerPlan, gradients: np.ndarray) -> list["Handle"]:
         """Apply the embedding updates; returns the started PS writes (the loop completes them)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def flush(self) -> None:
         """Write every update the PS has not seen to it (collective over workers: the loop barriers after)."""
-        raise NotImplementedError
 
     def finish(self) -> None:
         """Training ended, normally or not: release whatever waits for the loop."""

@@ -28,7 +28,6 @@ class Herald(Vanilla):
 
     name = Mode.herald
     schedule = SchedulePolicy(Allocation.laia, Sync.on_demand)
-    peer_to_peer = True
 
     def __init__(self, context: WorkerContext):
         super().__init__(context)

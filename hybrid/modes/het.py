@@ -35,7 +35,6 @@ class Het(TrainingMode):
 
     name = Mode.het
     schedule = SchedulePolicy(Allocation.contiguous, Sync.het_clocks)
-    takes_staleness = True
     checkpoints = False
     store_versions = True
 
