@@ -155,7 +155,8 @@ class TrainConfig:
     overlap: bool = True  # read the next iteration's prefetchable rows and finish writes behind other work
     deterministic: bool = False  # add shared rows' gradients in worker order: bit-reproducible runs and resumes
     threads: int = 0  # torch compute threads per worker (0 = this host's cores / its ranks, at least 1)
-    device: str = "auto"  # auto (CUDA when present and Horovod has NCCL), cpu, cuda
+    device: str = "auto"  # auto (a GPU when CUDA is present), cpu, cuda (hybrid/runtime/accelerator.py)
+    allreduce: str = "auto"  # MLP gradients: auto, horovod (NCCL/MPI/Gloo), host (host-staged); see accelerator
     watchdog_seconds: float = 600.0  # a worker with no finished iteration for this long reports and ends the job
     checkpoint_every: int = 0  # iterations between checkpoints, and one at the end (0 = only on SIGTERM/SIGUSR1)
     checkpoint_keep: int = 2  # complete checkpoints kept (older ones are deleted)
@@ -240,11 +241,11 @@ class Config:
 
 
 # Keys a resumed run may change: where and how often it saves, how it watches and reports,
-# how it reaches the PS, the order shared gradients are added in (last bits only). Every
-# other key changes the result and must match the checkpoint's.
+# how it reaches the PS, the order shared gradients are added in and where the MLP computes
+# (last bits only). Every other key changes the result and must match the checkpoint's.
 RUN_ONLY_KEYS = ("train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir",
                  "train.watchdog_seconds", "train.eval_every", "train.verify_cache", "train.deterministic",
-                 "cluster.transport")
+                 "train.device", "train.allreduce", "cluster.transport")
 
 
 def flatten(values: dict, prefix: str = "") -> dict:
@@ -341,6 +342,8 @@ def validate(config: Config) -> None:
     _check(c.train.eval_every >= 0, "train.eval_every", f"must be >= 0 (0 = only at the end), got {c.train.eval_every}")
     _check(c.train.device in ("auto", "cpu", "cuda"), "train.device",
            f"expected one of auto, cpu, cuda, got {c.train.device!r}")
+    _check(c.train.allreduce in ("auto", "horovod", "host"), "train.allreduce",
+           f"expected one of auto, horovod, host, got {c.train.allreduce!r}")
     _check(c.model.embedding_dim >= 1, "model.embedding_dim", f"must be >= 1, got {c.model.embedding_dim}")
     for key in ("bottom_mlp", "top_mlp"):
         widths = getattr(c.model, key)

@@ -213,6 +213,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         "train_loss": round(loss_sum / samples, 6) if samples else float("nan"),
         "events": counts, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},
         "overlap": config.train.overlap, "transport": trainer.table.transport,
+        "compute": {"device": trainer.device_name(), "allreduce": trainer.allreduce.describe()},
         "scored_tables": trainer.scored_tables,  # adaptive LAIA under budget_ms: agreed by every worker
         "table_rows": trainer.table.plan.n_rows, "ps_shard_mb": round(shard_rows * row_bytes / 2**20, 1),
         "ranks": ranks,

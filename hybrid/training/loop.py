@@ -64,6 +64,7 @@ from hybrid import modes
 from hybrid.config import Config
 from hybrid.data.store import BatchStore, GlobalBatch
 from hybrid.models import build_model, dense_optimizer
+from hybrid.runtime import accelerator
 from hybrid.runtime import checkpoint as ckpt
 from hybrid.runtime.comm import Roles, init_horovod
 from hybrid.runtime.embedding_init import fill_initial_runs
@@ -160,16 +161,15 @@ class HybridTrainer:
         if config.train.verify_cache:
             self.scheduler.snapshot_worker = roles.worker
         torch.set_num_threads(config.train.threads or roles.threads)
-        self.device = self._device(config.train.device)
+        self.device = accelerator.pick_device(config.train.device, self.hvd.local_rank())
+        self.staging = accelerator.Staging(self.device)
         self.model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables,
                                  seed=config.seed).to(self.device)
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-        # Horovod fuses whichever gradients are ready in one cycle, and the fused size picks MPI's
-        # allreduce algorithm, hence the summation order: one group makes the fusion fixed.
-        self.optimizer = self.hvd.DistributedOptimizer(
-            dense_optimizer(config, self.model.parameters()),
-            named_parameters=self.model.named_parameters(), op=self.hvd.Sum,
-            groups=1 if config.train.deterministic else None)
+        self.allreduce = accelerator.choose_allreduce(
+            config.train.allreduce, roles.workers.allgather(accelerator.gpu_identity(self.device)),
+            nccl_built=bool(self.hvd.nccl_built()), cpu_backend="gloo" if self.hvd.gloo_enabled() else "mpi")
+        self.optimizer = self._dense_optimizer()
         self.resume_arrays = None
         if resume is not None:
             dense = torch.load(resume.file("dense.pt"), map_location=self.device, weights_only=True)
@@ -202,15 +202,25 @@ class HybridTrainer:
         index = self.roles.ps_ranks.index(self.roles.rank) if self.roles.is_ps else 0
         return lambda shard, runs: ckpt.read_rows_into(resume.file(ckpt.shard_name(index)), shard)
 
-    def _device(self, wanted: str) -> torch.device:
-        """The model's device. The cache stays in host memory: RMA reads and writes it."""
-        gpu = torch.cuda.is_available() and self.hvd.nccl_built()
-        if wanted == "cuda" and not gpu:
-            raise ValueError("train.device=cuda needs CUDA and a Horovod built with NCCL "
-                             "(HOROVOD_GPU_OPERATIONS=NCCL bash launch/setup.sh); use train.device=cpu")
-        if wanted == "cpu" or not gpu:
-            return torch.device("cpu")
-        return torch.device("cuda", self.hvd.local_rank() % torch.cuda.device_count())
+    def device_name(self) -> str:
+        """This worker's device as the summary names it: cpu, or cuda:N and the GPU's model."""
+        if self.device.type != "cuda":
+            return "cpu"
+        return f"{self.device} ({torch.cuda.get_device_name(self.device)})"
+
+    def _dense_optimizer(self):
+        """The MLP's optimizer, its step preceded by the sum of the gradients over the workers.
+
+        Horovod fuses whichever gradients are ready in one cycle, and the
+        fused size picks MPI's allreduce algorithm, hence the summation
+        order: one group makes the fusion fixed. The host-staged sum is one
+        buffer anyway (hybrid.runtime.accelerator).
+        """
+        local = dense_optimizer(self.config, self.model.parameters())
+        if self.allreduce.host_staged:
+            return accelerator.HostStagedOptimizer(local, self.hvd, list(self.model.parameters()))
+        return self.hvd.DistributedOptimizer(local, named_parameters=self.model.named_parameters(), op=self.hvd.Sum,
+                                             groups=1 if self.config.train.deterministic else None)
 
     # -------------------------------------------------------------- training
     def train(self, iterations: int, on_step: Optional[Callable[[dict], None]] = None,
@@ -402,9 +412,9 @@ class HybridTrainer:
         """The iteration's inputs as tensors: its samples' dense features, labels and row positions."""
         work = plan.work
         with stages("data"):
-            dense = torch.from_numpy(batch.dense[work.samples]).to(self.device, self.torch_dtype)
-            labels = torch.from_numpy(batch.labels[work.samples]).to(self.device, self.torch_dtype)
-            index = torch.from_numpy(work.index.astype(np.int64)).to(self.device)
+            dense = self.staging.to_device(batch.dense[work.samples], self.torch_dtype)
+            labels = self.staging.to_device(batch.labels[work.samples], self.torch_dtype)
+            index = self.staging.to_device(work.index.astype(np.int64))
         return _Ready(plan, batch, (dense, labels, index), prefetched)
 
     def _iteration(self, ready: _Ready, upcoming, plans, stages: Stages):
@@ -429,7 +439,7 @@ class HybridTrainer:
             ahead = self._prefetch(upcoming[0]) if (upcoming is not None and self.overlap and
                                                     self.mode.reads_ahead(upcoming[0])) else None
         with stages("compute"):
-            leaf = torch.from_numpy(self.mode.embeddings(work)[work.slots]).to(self.device).requires_grad_(True)
+            leaf = self.staging.to_device(self.mode.embeddings(work)[work.slots]).requires_grad_(True)
             logits = self.model(dense, torch.nn.functional.embedding(index, leaf))
             # the global batch's mean loss: each worker sums its samples over the global batch size,
             # and the MLP gradients are summed (not averaged) over the workers
@@ -440,7 +450,7 @@ class HybridTrainer:
         with stages("allreduce"):
             self.optimizer.step()  # ordering rule 1: every worker's reads of this iteration are complete
             self.last_loss = float(loss.detach()) * len(ready.batch)
-            gradients = self.mode.reduce(work, leaf.grad.detach().cpu().numpy())
+            gradients = self.mode.reduce(work, self.staging.to_host(leaf.grad))
         with stages("push"):
             writes = self.mode.update(work, gradients)
             if not self.overlap:
@@ -519,8 +529,8 @@ class HybridTrainer:
                 unique, inverse = np.unique(rows, return_inverse=True)
                 values = np.empty((len(unique), self.config.model.embedding_dim), dtype=self.dtype)
                 self.table.pull(unique, values).wait()
-                emb = torch.from_numpy(values[inverse.reshape(rows.shape)]).to(self.device)
-                logits = self.model(torch.from_numpy(batch.dense).to(self.device, self.torch_dtype), emb)
+                emb = self.staging.to_device(values[inverse.reshape(rows.shape)])
+                logits = self.model(self.staging.to_device(batch.dense, self.torch_dtype), emb)
                 probabilities.append(torch.sigmoid(logits).cpu().numpy())
                 labels.append(batch.labels)
         self.table.rows_moved.update(counted)

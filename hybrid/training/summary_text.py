@@ -51,7 +51,9 @@ def format_breakdown(summary: dict) -> str:
     stages = ", ".join(f"{k} {v:.2f}" for k, v in summary["iteration_ms"].items())
     ranks = "; ".join(f"{r['role']} {r['rank']}: start-up {r['startup_s']:.1f} s, peak {r['peak_rss_mb']:.0f} MB"
                       for r in summary["ranks"] or [])
-    return f"  ms/iteration: {stages}\n  ranks: {ranks} (PS shard {summary['ps_shard_mb']:.0f} MB)"
+    compute = summary.get("compute")
+    workers = f"\n  workers on {compute['device']}; MLP gradients: {compute['allreduce']}" if compute else ""
+    return f"  ms/iteration: {stages}\n  ranks: {ranks} (PS shard {summary['ps_shard_mb']:.0f} MB){workers}"
 
 
 def compare_summaries(summaries: list[dict]) -> str:

@@ -18,10 +18,10 @@ def _fail(what: str):
     raise RuntimeError(f"deliberate failure on worker 1 {what} at t={time.time():.3f}")
 
 
-def _device(self, wanted):
+def _dense_optimizer(self):
     if self.roles.worker == 1 and WHEN == "startup":
         _fail("at start-up")
-    return original_device(self, wanted)
+    return original_dense_optimizer(self)
 
 
 def _iteration(self, ready, *args, **kwargs):
@@ -34,6 +34,6 @@ def _iteration(self, ready, *args, **kwargs):
     return original_iteration(self, ready, *args, **kwargs)
 
 
-original_device, original_iteration = loop.HybridTrainer._device, loop.HybridTrainer._iteration
-loop.HybridTrainer._device, loop.HybridTrainer._iteration = _device, _iteration
+original_dense_optimizer, original_iteration = loop.HybridTrainer._dense_optimizer, loop.HybridTrainer._iteration
+loop.HybridTrainer._dense_optimizer, loop.HybridTrainer._iteration = _dense_optimizer, _iteration
 sys.exit(cli.main(sys.argv[2:]))

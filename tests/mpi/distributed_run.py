@@ -27,7 +27,7 @@ def train(config, store, iterations: int) -> Run:
     log = trainer.train(iterations)
     trainer.flush()
     table = trainer.table.read_all() if roles.worker == 0 else None
-    params = None if roles.is_ps else [p.detach().numpy().copy() for p in trainer.model.parameters()]
+    params = None if roles.is_ps else [p.detach().cpu().numpy().copy() for p in trainer.model.parameters()]
     capacity = None if roles.is_ps else trainer.scheduler.state.capacity
     plan_fingerprint = trainer.table.plan.fingerprint
     trainer.close()

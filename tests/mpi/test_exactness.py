@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from mpi4py import MPI
 
 import distributed_run
@@ -48,6 +49,39 @@ def test_bsp_modes_equal_the_single_process_reference(store_path, mode, model, n
         if mode in ("plan", "herald"):
             evictions = sum(r["counts"]["writeback"] for r in run.log)
             assert evictions > 0, "the cache must evict dirty rows for this test to mean anything"
+
+
+def _small_float64_run(store_path, n_ps: int, *overrides) -> None:
+    """Train 25 iterations of a small float64 model with ``overrides``; worker 0 compares with the reference."""
+    world = MPI.COMM_WORLD
+    config = load_config(None, [f"data.path={store_path}", f"cluster.workers={world.size - n_ps}",
+                                f"cluster.ps={n_ps}", "train.batch_per_worker=8", "cache.ratio=0.008",
+                                "model.precision=float64", "model.embedding_dim=4", "model.bottom_mlp=[8]",
+                                "model.top_mlp=[8]", "train.embedding_lr=0.1", "train.dense_lr=0.05", "seed=11",
+                                *overrides])
+    store = BatchStore(store_path)
+    run = distributed_run.train(config, store, ITERATIONS)
+    if world.rank == 0:
+        distributed_run.assert_equals_reference(run, config, store, ITERATIONS)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["vanilla", "herald", "het"])
+def test_the_host_staged_allreduce_equals_the_reference(store_path, mode):
+    """The fallback for workers that share a GPU, run on CPU workers: the same model as Horovod's sum."""
+    _small_float64_run(store_path, 1, f"scheduler.mode={mode}", "train.allreduce=host", "train.device=cpu")
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU workers need a CUDA device (none here)")
+@pytest.mark.parametrize("mode", ["vanilla", "herald", "het"])
+@pytest.mark.parametrize("model", ["dlrm", "wide_deep", "deepfm", "dcn", "ncf"])
+@pytest.mark.parametrize("n_ps", [1, 2])
+def test_gpu_workers_equal_the_single_process_reference(store_path, mode, model, n_ps):
+    """train.device=cuda: model, inputs and embedding leaf on the GPU; the PS and the cache in host memory."""
+    _small_float64_run(store_path, n_ps, f"scheduler.mode={mode}", f"model.name={model}", "train.device=cuda")
 
 
 @pytest.mark.mpi(min_size=3)

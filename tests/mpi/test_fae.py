@@ -8,6 +8,7 @@ a whole pass: cold, hot, cold, hot strips and the next pass's first cold one.
 """
 import numpy as np
 import pytest
+import torch
 from mpi4py import MPI
 
 from hybrid.config import Mode, load_config
@@ -46,7 +47,7 @@ def _train(config, store):
     trainer.flush()
     lead = roles.worker == 0
     result = (log, trainer.mode.replicas.losses, trainer.table.read_all(),
-              [p.detach().numpy().copy() for p in trainer.model.parameters()]) if lead else None
+              [p.detach().cpu().numpy().copy() for p in trainer.model.parameters()]) if lead else None
     moved = {k: sum(r["moved"][k] for r in log) for k in ("pull", "put", "accumulate")} if log else {}
     trainer.close()
     roles.free()
@@ -56,8 +57,10 @@ def _train(config, store):
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-def test_fae_equals_the_reference_on_its_own_order_and_the_simulation_counts_it(store_path):
-    config = _config(store_path)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="GPU workers need a CUDA device (none here)"))])
+def test_fae_equals_the_reference_on_its_own_order_and_the_simulation_counts_it(store_path, device):
+    config = _config(store_path, f"train.device={device}")
     store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
     result, pulls, pushes = _train(config, store)
     if MPI.COMM_WORLD.rank != 0:

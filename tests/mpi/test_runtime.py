@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from mpi4py import MPI
 
 from hybrid.config import Mode, load_config
@@ -13,6 +14,7 @@ from hybrid.runtime.comm import AgreementError, split_roles
 from hybrid.training import job as train_job
 from hybrid.training.loop import HybridTrainer
 from hybrid.training.simulator import simulate_mode
+from hybrid.training.summary_text import format_breakdown
 from shared_store import shared_store
 
 
@@ -33,11 +35,15 @@ def _config(store_path, *overrides):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode,sync,staleness", [("vanilla", "ps", 0), ("herald", "ps", 0), ("herald", "p2p", 0),
                                                  ("het", "ps", 0), ("het", "ps", 3)])
-@pytest.mark.parametrize("transport", ["rma", "packed"])
-def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, sync, staleness, transport):
+@pytest.mark.parametrize("transport,device", [
+    ("rma", "cpu"), ("packed", "cpu"),
+    pytest.param("rma", "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                          reason="GPU workers need a CUDA device (none here)"))])
+def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, sync, staleness, transport, device):
     world = MPI.COMM_WORLD
     config = _config(store_path, f"scheduler.mode={mode}", f"scheduler.sync={sync}", f"cluster.transport={transport}",
-                     f"scheduler.staleness={staleness}", *(["cache.ratio=0.015"] if staleness else []))
+                     f"scheduler.staleness={staleness}", *(["cache.ratio=0.015"] if staleness else []),
+                     f"train.device={device}")
     store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
     roles = split_roles(config.cluster.workers, config.cluster.ps)
     trainer = HybridTrainer(config, roles, store)
@@ -93,6 +99,11 @@ def test_training_reports_throughput_transmissions_and_auc(store_path, tmp_path_
         assert len((out / "log.jsonl").read_text().splitlines()) == 30
         assert (out / "summary.json").is_file()
         assert set(summary["iteration_ms"]) >= {"schedule_wait", "pull", "compute", "allreduce", "push", "barrier"}
+        if torch.cuda.is_available():  # launch/rank_env.sh: one GPU per worker where there are enough
+            assert summary["compute"]["device"].startswith("cuda:")
+        else:
+            assert summary["compute"] == {"device": "cpu", "allreduce": "Horovod mpi: CPU workers"}
+        assert "workers on " in format_breakdown(summary)
     else:
         assert summary is None
 

@@ -1,0 +1,183 @@
+"""Where a worker computes, how its MLP gradients are summed, and how arrays cross to its GPU.
+
+docs/training.md ("GPU") says how these are chosen; in short:
+
+- The device: the worker's GPU (one per worker, by local rank; launch/rank_env.sh
+  gives each worker one) when CUDA is present, else the CPU. PS ranks never
+  compute: they serve rows from host memory, where RMA reads and writes them.
+- The allreduce: Horovod's own (NCCL between GPUs, MPI or Gloo between CPUs),
+  or *host-staged*: the gradients copied to host memory as one flat buffer,
+  summed there by Horovod on the CPU, copied back. NCCL refuses two ranks on
+  one GPU, and a Horovod built without NCCL cannot sum GPU tensors, so workers
+  in either case get the host-staged sum, chosen by every worker alike from
+  what all of them report.
+- Staging: the worker's cache lives in host memory (RMA writes into it), so
+  each iteration's rows and inputs cross to the GPU and the rows' gradients
+  come back. They go through pinned (page-locked) host memory, to the GPU on
+  a side stream, so that the host does not wait for those copies; only the
+  gradients' way back is waited for, because the host's PS updates need them.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+ALLREDUCES = ("auto", "horovod", "host")
+
+
+class AcceleratorError(ValueError):
+    """A device or allreduce setting this worker cannot honour."""
+
+
+def pick_device(wanted: str, local_rank: int) -> torch.device:
+    """The worker's device for ``train.device``: auto (a GPU when CUDA is present), cpu or cuda."""
+    available = torch.cuda.is_available()
+    if wanted == "cuda" and not available:
+        raise AcceleratorError("train.device=cuda, but this worker sees no CUDA device (a CPU build of PyTorch, "
+                               "or CUDA_VISIBLE_DEVICES empty); on a GPU host run launch/setup.sh, which installs "
+                               "a CUDA build there, or use train.device=cpu")
+    if wanted == "cpu" or not available:
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def gpu_identity(device: torch.device) -> Optional[str]:
+    """The physical GPU behind ``device`` as host/UUID (None on the CPU): equal on two ranks iff they share it."""
+    if device.type != "cuda":
+        return None
+    return f"{socket.gethostname()}/{torch.cuda.get_device_properties(device).uuid}"
+
+
+@dataclass(frozen=True)
+class AllreduceChoice:
+    """How the MLP gradients are summed, and why (the training summary prints both)."""
+
+    host_staged: bool
+    backend: str  # Horovod's backend for the sum: nccl, mpi or gloo
+    reason: str
+
+    def describe(self) -> str:
+        how = f"host-staged (Horovod {self.backend} on host copies)" if self.host_staged else f"Horovod {self.backend}"
+        return f"{how}: {self.reason}"
+
+
+def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: bool, cpu_backend: str
+                     ) -> AllreduceChoice:
+    """The allreduce for ``train.allreduce`` given every worker's :func:`gpu_identity`.
+
+    Every worker passes the same gathered list, so every worker chooses
+    alike (two choices would deadlock the sum). ``cpu_backend`` is the
+    backend Horovod uses for host tensors (mpi or gloo).
+    """
+    if wanted not in ALLREDUCES:
+        raise AcceleratorError(f"train.allreduce: expected one of {', '.join(ALLREDUCES)}, got {wanted!r}")
+    on_gpus = [i for i in identities if i is not None]
+    if on_gpus and len(on_gpus) != len(identities):
+        raise AcceleratorError("some workers have a GPU and some do not; give every worker a GPU, "
+                               "or set train.device=cpu")
+    if not on_gpus:
+        if wanted == "host":
+            return AllreduceChoice(True, cpu_backend, "asked for (train.allreduce=host)")
+        return AllreduceChoice(False, cpu_backend, "CPU workers")
+    shared = len(set(on_gpus)) < len(on_gpus)
+    if wanted == "horovod" and (shared or not nccl_built):
+        raise AcceleratorError("train.allreduce=horovod needs one GPU per worker and a Horovod built with NCCL "
+                               f"({'workers share a GPU' if shared else 'this Horovod has no NCCL'}); "
+                               "use train.allreduce=auto")
+    if wanted == "host":
+        return AllreduceChoice(True, cpu_backend, "asked for (train.allreduce=host)")
+    if shared:
+        return AllreduceChoice(True, cpu_backend, f"{len(on_gpus)} workers on {len(set(on_gpus))} GPU(s): "
+                                                  "NCCL needs one GPU per rank")
+    if not nccl_built:
+        return AllreduceChoice(True, cpu_backend, "this Horovod was built without NCCL")
+    return AllreduceChoice(False, "nccl", "one GPU per worker")
+
+
+class HostStagedOptimizer:
+    """An optimizer whose ``step`` first sums the gradients over the workers through host memory.
+
+    All gradients travel as one flat buffer in a fixed parameter order, so
+    the sum (and its rounding) is the same on every worker and every run,
+    like Horovod's single fusion group in deterministic runs.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, hvd, parameters: list[torch.nn.Parameter]):
+        self.optimizer, self.hvd, self.parameters = optimizer, hvd, parameters
+        numel = sum(p.numel() for p in parameters)
+        device = parameters[0].device if parameters else torch.device("cpu")
+        self.host = torch.empty(numel, dtype=parameters[0].dtype if parameters else torch.float32,
+                                pin_memory=device.type == "cuda")
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def step(self) -> None:
+        """Copy the gradients to the host buffer, sum it over the workers, copy back, then step."""
+        offset = 0
+        for p in self.parameters:
+            part = self.host[offset:offset + p.numel()]
+            if p.grad is None:
+                part.zero_()
+            else:
+                part.copy_(p.grad.reshape(-1), non_blocking=True)
+            offset += p.numel()
+        if self.host.is_pinned():
+            torch.cuda.current_stream(self.parameters[0].device).synchronize()
+        self.hvd.allreduce_(self.host, op=self.hvd.Sum, name="host_staged_gradients")
+        offset = 0
+        for p in self.parameters:
+            summed = self.host[offset:offset + p.numel()].view_as(p)
+            if p.grad is None:
+                p.grad = summed.to(p.device, copy=True)
+            else:
+                p.grad.copy_(summed, non_blocking=True)
+            offset += p.numel()
+        self.optimizer.step()
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+class Staging:
+    """Host arrays to the worker's device and back: pinned buffers and a copy stream on a GPU, views on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def to_device(self, array: np.ndarray, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """``array`` as a tensor on the device; on a GPU the copy runs on the copy stream.
+
+        The compute stream waits for the copy before any kernel that follows
+        reads the tensor, and the tensor's memory is not reused before that
+        stream is done with it; the host goes on at once.
+        """
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if not self.cuda:
+            return tensor if dtype is None else tensor.to(dtype)
+        pinned = tensor.pin_memory()
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.stream):
+            out = pinned.to(self.device, dtype, non_blocking=True)
+        compute.wait_stream(self.stream)
+        out.record_stream(compute)
+        return out
+
+    def to_host(self, tensor: torch.Tensor) -> np.ndarray:
+        """``tensor`` in host memory as an array, once its copy is complete (the host needs it next)."""
+        tensor = tensor.detach()
+        if not self.cuda:
+            return tensor.numpy()
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return host.numpy()

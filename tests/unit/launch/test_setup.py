@@ -1,0 +1,95 @@
+"""``launch/setup.sh``: the GPU branch (a stand-in nvidia-smi), offline installs, and its refusals."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SETUP = Path(__file__).resolve().parents[3] / "launch" / "setup.sh"
+
+
+def _stand_in_nvidia_smi(tmp_path: Path, gpus: int) -> str:
+    """A directory holding an nvidia-smi that lists ``gpus`` GPUs, to put first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    listing = "".join(f"echo 'GPU {g}: NVIDIA H100 80GB HBM3 (UUID: GPU-{g})'\n" for g in range(gpus))
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + listing)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    return str(bin_dir)
+
+
+def _setup(tmp_path: Path, *args: str, gpus: int = 0, offline_namespace: bool = False, **env: str):
+    """Run setup.sh with ``env`` over this environment (this venv), optionally without any network."""
+    environment = {**os.environ, "HYBRID_VENV": sys.prefix, **env,
+                   "PATH": f"{_stand_in_nvidia_smi(tmp_path, gpus)}:{os.environ['PATH']}"}
+    command = ["bash", str(SETUP), *args]
+    if offline_namespace:
+        command = ["unshare", "--net", *command]
+    return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
+
+
+def _no_network_namespace() -> str:
+    """Why a network namespace cannot be made here ('' when it can)."""
+    try:
+        probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return "unshare is not installed"
+    return "" if probe.returncode == 0 else f"unshare --net fails here: {probe.stderr.strip()}"
+
+
+def test_a_gpu_host_plans_a_cuda_pytorch_and_horovod_with_nccl_from_the_wheel_directory(tmp_path):
+    result = _setup(tmp_path, "--plan", gpus=2, HYBRID_OFFLINE="1", HYBRID_WHEEL_DIR=str(tmp_path / "wheels"))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "[setup] plan: GPU build: yes (nvidia-smi lists 2 GPU(s))",
+        "[setup] plan: torch: pip install torch==2.13.0 (a CUDA build)",
+        f"[setup] plan: Horovod 0.28.1: HOROVOD_GPU_OPERATIONS=NCCL, wheel cached in {tmp_path}/wheels/nccl",
+        f"[setup] plan: packages: only from {tmp_path}/wheels (pip --no-index --find-links)",
+        f"[setup] plan: virtualenv: {sys.prefix}",
+    ]
+
+
+def test_a_host_without_gpus_plans_the_cpu_build_from_the_index(tmp_path):
+    result = _setup(tmp_path, "--plan", gpus=0, HYBRID_WHEEL_DIR=str(tmp_path / "wheels"),
+                    HYBRID_TORCH_INDEX="https://example.invalid/simple")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == "[setup] plan: GPU build: no (no GPU listed by nvidia-smi)"
+    assert lines[1] == "[setup] plan: torch: pip install torch==2.13.0 (CPU)"
+    assert "HOROVOD_GPU_OPERATIONS=none" in lines[2] and lines[3] == "[setup] plan: packages: pip's index"
+
+
+def test_a_gpu_host_with_its_own_pytorch_and_an_index_plans_that_index(tmp_path):
+    plan = _setup(tmp_path, "--plan", gpus=1, HYBRID_TORCH_INDEX="https://download.example/cu130").stderr
+    assert "torch: pip install torch==2.13.0 --index-url https://download.example/cu130 (a CUDA build)" in plan
+    plan = _setup(tmp_path, "--plan", gpus=1, HYBRID_TORCH="system").stderr
+    assert "torch: the python's own (virtualenv with system site packages), must be a CUDA build" in plan
+
+
+@pytest.mark.parametrize("env,message", [({"HYBRID_GPU": "yes"}, "HYBRID_GPU must be auto, 0 or 1, got 'yes'"),
+                                         ({"HYBRID_TORCH": "conda"}, "HYBRID_TORCH must be pip or system")])
+def test_bad_settings_are_refused_before_anything_is_installed(tmp_path, env, message):
+    result = _setup(tmp_path, **env)
+    assert result.returncode == 2 and message in result.stderr
+
+
+@pytest.mark.skipif(bool(_no_network_namespace()), reason=_no_network_namespace() or "runs")
+def test_a_set_up_machine_checks_out_offline_without_any_network(tmp_path):
+    result = _setup(tmp_path, offline_namespace=True, HYBRID_OFFLINE="1")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"[setup] ready: activate with 'source {sys.prefix}/bin/activate'"
+
+
+@pytest.mark.skipif(bool(_no_network_namespace()), reason=_no_network_namespace() or "runs")
+@pytest.mark.skipif(torch.version.cuda is not None, reason="this PyTorch is a CUDA build")
+def test_a_gpu_host_refuses_a_cpu_build_of_pytorch_saying_what_to_do_and_changes_nothing(tmp_path):
+    result = _setup(tmp_path, gpus=1, offline_namespace=True, HYBRID_OFFLINE="1", HYBRID_TORCH="system")
+    assert result.returncode == 1
+    assert f"this is a GPU host (nvidia-smi lists 1 GPU(s)), but torch {torch.__version__} is a CPU build" \
+        in result.stderr
+    assert "or set HYBRID_GPU=0 for CPU workers" in result.stderr
+    check = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                           text=True, timeout=120)
+    assert check.stdout.strip() == torch.__version__

@@ -1,0 +1,91 @@
+"""Device, allreduce and staging choices of a worker (hybrid.runtime.accelerator)."""
+import numpy as np
+import pytest
+import torch
+
+from hybrid.runtime.accelerator import (AcceleratorError, HostStagedOptimizer, Staging, choose_allreduce,
+                                        pick_device)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
+
+
+def test_cpu_workers_use_horovod_on_the_host_unless_host_staging_is_asked_for():
+    choice = choose_allreduce("auto", [None, None], nccl_built=False, cpu_backend="mpi")
+    assert not choice.host_staged and choice.describe() == "Horovod mpi: CPU workers"
+    assert choose_allreduce("host", [None, None], nccl_built=True, cpu_backend="gloo").host_staged
+
+
+def test_one_gpu_per_worker_with_nccl_uses_nccl():
+    choice = choose_allreduce("auto", ["h1/GPU-a", "h1/GPU-b", "h2/GPU-a"], nccl_built=True, cpu_backend="mpi")
+    assert not choice.host_staged and choice.backend == "nccl"
+
+
+@pytest.mark.parametrize("identities,nccl,why", [
+    (["h1/GPU-a", "h1/GPU-a", "h1/GPU-b"], True, "3 workers on 2 GPU(s)"),
+    (["h1/GPU-a", "h1/GPU-b"], False, "without NCCL"),
+])
+def test_workers_sharing_a_gpu_or_a_horovod_without_nccl_fall_back_to_the_host_staged_sum(identities, nccl, why):
+    choice = choose_allreduce("auto", identities, nccl_built=nccl, cpu_backend="mpi")
+    assert choice.host_staged and why in choice.describe()
+    with pytest.raises(AcceleratorError, match="train.allreduce=auto"):
+        choose_allreduce("horovod", identities, nccl_built=nccl, cpu_backend="mpi")
+
+
+def test_bad_settings_are_refused_naming_the_key():
+    with pytest.raises(AcceleratorError, match="train.allreduce"):
+        choose_allreduce("nccl", [None], nccl_built=True, cpu_backend="mpi")
+    with pytest.raises(AcceleratorError, match="some workers have a GPU"):
+        choose_allreduce("auto", ["h1/GPU-a", None], nccl_built=True, cpu_backend="mpi")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has CUDA")
+def test_asking_for_cuda_without_it_says_what_to_do():
+    assert pick_device("auto", 0) == torch.device("cpu")
+    with pytest.raises(AcceleratorError, match="train.device=cpu"):
+        pick_device("cuda", 0)
+
+
+class _TwoIdenticalWorkers:
+    """Horovod as two workers with the same gradients: the sum doubles them."""
+    Sum = "sum"
+
+    def __init__(self):
+        self.calls = []
+
+    def allreduce_(self, tensor, op, name):
+        self.calls.append((tensor.shape, op, name))
+        tensor.mul_(2)
+        return tensor
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_the_host_staged_step_applies_the_summed_gradients_in_one_buffer(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).double().to(device)
+    twin = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).double().to(device)
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(5, 3, dtype=torch.float64, device=device)
+    hvd = _TwoIdenticalWorkers()
+    staged = HostStagedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), hvd, list(model.parameters()))
+    plain = torch.optim.SGD(twin.parameters(), lr=0.1)
+    for net, optimizer in ((model, staged), (twin, plain)):
+        optimizer.zero_grad()
+        net(x).sum().backward()
+    for p in twin.parameters():
+        p.grad.mul_(2)
+    staged.step()
+    plain.step()
+    assert hvd.calls == [((sum(p.numel() for p in model.parameters()),), "sum", "host_staged_gradients")]
+    for got, want in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_staging_carries_arrays_to_the_device_and_gradients_back_unchanged(device):
+    staging = Staging(torch.device(device))
+    rows = np.random.default_rng(1).normal(size=(7, 4))
+    on_device = staging.to_device(rows[[3, 1, 3]]).requires_grad_(True)
+    assert on_device.device.type == device
+    (on_device * torch.arange(3.0, dtype=torch.float64, device=device)[:, None]).sum().backward()
+    assert np.array_equal(staging.to_host(on_device.grad), np.repeat(np.arange(3.0)[:, None], 4, axis=1))
+    assert staging.to_device(np.arange(4), torch.float32).dtype == torch.float32
