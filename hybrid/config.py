@@ -95,6 +95,11 @@ class DenseOptimizer(str, enum.Enum):
     adam = "adam"
 
 
+class EmbeddingOptimizer(str, enum.Enum):
+    sgd = "sgd"
+    rowwise_adagrad = "rowwise_adagrad"  # FBGEMM's EXACT_ROWWISE_ADAGRAD: one accumulator per row
+
+
 @dataclass
 class SyntheticConfig:
     """How ``hybrid synth --config`` makes the store at ``data.path``."""
@@ -150,6 +155,8 @@ class TrainConfig:
     embedding_lr: float = 0.1
     dense_lr: float = 0.1
     dense_optimizer: DenseOptimizer = DenseOptimizer.sgd
+    embedding_optimizer: EmbeddingOptimizer = EmbeddingOptimizer.sgd  # see hybrid/embedding_optimizer.py
+    embedding_eps: float = 1e-8  # row-wise Adagrad's epsilon (FBGEMM's default)
     eval_every: int = 0
     verify_cache: bool = False  # debug: each iteration, compare fresh cached rows with the PS
     overlap: bool = True  # read the next iteration's prefetchable rows and finish writes behind other work
@@ -211,9 +218,14 @@ class Config:
         return self.cluster.workers * self.train.batch_per_worker
 
     @property
+    def row_width(self) -> int:
+        """Values per stored row: the embedding, then its optimizer state (row-wise Adagrad: one accumulator)."""
+        return self.model.embedding_dim + (self.train.embedding_optimizer is EmbeddingOptimizer.rowwise_adagrad)
+
+    @property
     def row_bytes(self) -> int:
-        """Bytes of one embedding row (what a PS rank stores and a transmission moves per row)."""
-        return self.model.embedding_dim * (8 if self.model.precision is Precision.float64 else 4)
+        """Bytes of one stored row (what a PS rank stores and a transmission moves per row), state included."""
+        return self.row_width * (8 if self.model.precision is Precision.float64 else 4)
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict (enums as their values)."""
@@ -246,6 +258,12 @@ class Config:
 RUN_ONLY_KEYS = ("train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir",
                  "train.watchdog_seconds", "train.eval_every", "train.verify_cache", "train.deterministic",
                  "train.device", "train.allreduce", "cluster.transport")
+
+# Keys a resumed run may change without changing what BSP trains, as long as the global batch
+# (workers x batch per worker) stays: the cluster's shape (the PS rows are re-sharded, the
+# scheduler starts cold) and the run's length (a run is continued for more iterations).
+RESHAPE_KEYS = ("cluster.workers", "cluster.ps", "cluster.shard_plan", "train.batch_per_worker",
+                "train.iterations")
 
 
 def flatten(values: dict, prefix: str = "") -> dict:
@@ -342,6 +360,7 @@ def validate(config: Config) -> None:
     _check(c.train.eval_every >= 0, "train.eval_every", f"must be >= 0 (0 = only at the end), got {c.train.eval_every}")
     _check(c.train.device in ("auto", "cpu", "cuda"), "train.device",
            f"expected one of auto, cpu, cuda, got {c.train.device!r}")
+    _check(c.train.embedding_eps > 0, "train.embedding_eps", f"must be > 0, got {c.train.embedding_eps}")
     _check(c.train.allreduce in ("auto", "horovod", "host"), "train.allreduce",
            f"expected one of auto, horovod, host, got {c.train.allreduce!r}")
     _check(c.model.embedding_dim >= 1, "model.embedding_dim", f"must be >= 1, got {c.model.embedding_dim}")

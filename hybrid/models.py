@@ -118,7 +118,7 @@ MODELS = {ModelName.dlrm: DLRM, ModelName.wide_deep: WideAndDeep, ModelName.deep
 
 
 def dense_optimizer(config, parameters) -> torch.optim.Optimizer:
-    """The configured optimizer of the MLP parameters (embeddings always use SGD: a passive PS only adds)."""
+    """The configured optimizer of the MLP parameters (embeddings: ``hybrid.embedding_optimizer``)."""
     classes = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
     return classes[config.train.dense_optimizer.value](parameters, lr=config.train.dense_lr)
 

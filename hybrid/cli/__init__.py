@@ -10,6 +10,7 @@ the exit status:
 - ``simulate``: ``simulate`` (transmissions per mode, without MPI).
 - ``bench``: ``bench`` (every benchmark) and the argument types of its options.
 - ``train``: ``train`` (under mpirun), ``compare``.
+- ``export``: ``export`` (a checkpoint as one file), ``evaluate`` (an exported model on a store).
 - ``output``: what the groups share: progress bars, where text goes, strict JSON, ``EXIT_FAILURE``.
 
 This module builds the parser and runs a command (``main``): it turns the
@@ -26,7 +27,7 @@ import os
 import signal
 import sys
 
-from hybrid.cli import bench, data, sharding, simulate, train, workload
+from hybrid.cli import bench, data, export, sharding, simulate, train, workload
 from hybrid.cli.output import EXIT_FAILURE
 from hybrid.config import ConfigError
 from hybrid.data.formats import FormatError
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.register(sub)
     bench.register(sub)
     train.register(sub)
+    export.register(sub)
     return parser
 
 
@@ -85,6 +87,6 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # the reader (e.g. `| head`) went away: not our error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ConfigError, FormatError, StoreError, ValueError, RuntimeError) as err:
+    except (ConfigError, FormatError, StoreError, ValueError, RuntimeError, FileNotFoundError) as err:
         print(f"hybrid {args.command}: error: {err}", file=sys.stderr)
         return EXIT_FAILURE

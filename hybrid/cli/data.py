@@ -27,8 +27,12 @@ def cmd_synth(args) -> int:
         if config.data.synthetic is None:
             raise ConfigError(f"{args.config}: data.synthetic is not set; this workload reads real data "
                               f"(create it with 'hybrid preprocess')")
-        spec, out = config.data.synthetic, Path(config.data.path)
-        like, rows, scale, seed, recurrence = spec.like, spec.rows, spec.scale, spec.seed, spec.recurrence()
+        spec, out = config.data.synthetic, Path(args.out or config.data.path)
+        # options given next to --config win over the config's values
+        like, recurrence = args.like or spec.like, spec.recurrence()
+        rows, scale, seed = (spec.rows if args.rows is None else args.rows,
+                             spec.scale if args.scale is None else args.scale,
+                             spec.seed if args.seed is None else args.seed)
         if (out / "meta.json").is_file() and not args.force:
             print(f"{out}: store exists, keeping it (--force rebuilds)", file=sys.stderr)
             return 0
@@ -36,7 +40,9 @@ def cmd_synth(args) -> int:
         missing = [flag for flag, value in (("--like", args.like), ("--out", args.out)) if value is None]
         if missing:
             raise ConfigError(f"give {' and '.join(missing)} (or --config CONFIG)")
-        like, rows, scale, seed, out = args.like, args.rows, args.scale, args.seed, Path(args.out)
+        like, out = args.like, Path(args.out)
+        rows, scale, seed = (200_000 if args.rows is None else args.rows, 0.001 if args.scale is None else args.scale,
+                             args.seed or 0)
         recurrence = {}
     with progress_bar(rows, desc="synth") as bar:
         meta = synthesize(out, like=like, rows=rows, scale=scale, seed=seed, recurrence=recurrence,
@@ -162,11 +168,12 @@ def register(subparsers) -> None:
     """Add ``synth``, ``preprocess``, ``fetch`` and ``stats``."""
     p = subparsers.add_parser("synth", help="write a synthetic store shaped like a public dataset")
     p.add_argument("--like", choices=sorted(PROFILES))
-    p.add_argument("--rows", type=int, default=200_000, help="samples to generate (default 200000)")
-    p.add_argument("--scale", type=float, default=0.001, help="table cardinality scale (default 0.001)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", help="store directory to create")
-    p.add_argument("--config", help="take like/rows/scale/seed and the path from a workload config")
+    p.add_argument("--rows", type=int, help="samples to generate (default 200000, or the config's)")
+    p.add_argument("--scale", type=float, help="table cardinality scale (default 0.001, or the config's)")
+    p.add_argument("--seed", type=int, help="(default 0, or the config's)")
+    p.add_argument("--out", help="store directory to create (default with --config: its data.path)")
+    p.add_argument("--config", help="take like/rows/scale/seed and the path from a workload config; "
+                                    "options given beside it win")
     p.add_argument("--force", action="store_true", help="replace an existing store")
     p.add_argument("overrides", nargs="*", help="config overrides key=value (with --config)")
     p.set_defaults(func=cmd_synth)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Optional
 
 import numpy as np
 
-from hybrid.config import Config, Mode, SyncMode
+from hybrid.config import Config, EmbeddingOptimizer, Mode, SyncMode
 from hybrid.data.store import BatchStore, GlobalBatch
 from hybrid.scheduling.plans import BatchPlan, WorkerPlan
 from hybrid.scheduling.policy import SchedulePolicy, SchedulerError, Sync
@@ -68,6 +68,7 @@ class TrainingMode(abc.ABC):
     schedule: ClassVar[SchedulePolicy]
     checkpoints: ClassVar[bool] = True  # checkpoints, mid-run evaluations, deterministic accumulation
     store_versions: ClassVar[bool] = False  # the PS keeps a version counter per row
+    rowwise_optimizers: ClassVar[bool] = True  # trains embeddings with train.embedding_optimizer=rowwise_adagrad
 
     # ------------------------------------------------------- scheduling side
     @classmethod
@@ -82,6 +83,11 @@ class TrainingMode(abc.ABC):
         cls.schedule.check(config)
         if not cls.checkpoints:
             cls._refuse_unsaved(config)
+        if config.train.embedding_optimizer is not EmbeddingOptimizer.sgd and not cls.rowwise_optimizers:
+            raise SchedulerError(f"train.embedding_optimizer={config.train.embedding_optimizer.value} is not "
+                                 f"supported with scheduler.mode={cls.name.value}: its workers update rows apart "
+                                 f"(HET's stale copies, FAE's replicas), so no summed gradient exists to update "
+                                 f"a row with; use train.embedding_optimizer=sgd or a BSP mode")
         cls.check_settings(config)
 
     @classmethod
@@ -124,7 +130,7 @@ class TrainingMode(abc.ABC):
         self.context = context
         self.config, self.roles, self.table = context.config, context.roles, context.table
         self.scheduler = self.worker_scheduler()
-        self.cache = np.zeros((self.scheduler.state.capacity, self.config.model.embedding_dim),
+        self.cache = np.zeros((self.scheduler.state.capacity, self.config.row_width),
                               dtype=context.dtype)  # this worker's cached rows, by slot
 
     def worker_scheduler(self):

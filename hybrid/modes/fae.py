@@ -99,6 +99,7 @@ class Fae(Vanilla):
     name = Mode.fae
     schedule = SchedulePolicy(Allocation.hot_cold, Sync.fae_replicas)
     checkpoints = False
+    rowwise_optimizers = False
 
     @classmethod
     def check_settings(cls, config: Config) -> None:

@@ -36,6 +36,7 @@ class Het(TrainingMode):
     name = Mode.het
     schedule = SchedulePolicy(Allocation.contiguous, Sync.het_clocks)
     checkpoints = False
+    rowwise_optimizers = False
     store_versions = True
 
     def __init__(self, context: WorkerContext):

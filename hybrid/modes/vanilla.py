@@ -13,12 +13,22 @@ says, the rule herald and its ablations share:
 
 With ``train.deterministic`` the shared rows are added turn by turn in worker
 order, so every run sums each row in the same order.
+
+With row-wise Adagrad (``train.embedding_optimizer``) the update is not
+linear in the gradient, so a shared row cannot be updated as the sum of its
+trainers' updates: its trainers first sum their gradients with one allreduce
+over the iteration's shared rows (the plan's ``shared``, the same on every
+worker), then each applies the same update to its copy of the row and its
+accumulator and writes the same bytes to the PS (``replace``). Rows trained
+alone are updated in the cache as with SGD. The rows moved are SGD's; the
+allreduce is counted apart (``shared_allreduce``).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from hybrid.config import Mode
+from hybrid.config import EmbeddingOptimizer, Mode
+from hybrid.embedding_optimizer import updated
 from hybrid.modes.base import TrainingMode
 from hybrid.scheduling.plans import WorkerPlan
 from hybrid.scheduling.policy import Allocation, SchedulePolicy, Sync
@@ -30,8 +40,30 @@ class Vanilla(TrainingMode):
     name = Mode.vanilla
     schedule = SchedulePolicy(Allocation.random, Sync.full_set)
 
+    def reduce(self, work: WorkerPlan, gradients: np.ndarray) -> np.ndarray:
+        """Row-wise Adagrad: the shared rows' gradients summed over every worker (one allreduce); SGD: as they are."""
+        if work.shared is None or not len(work.shared):
+            return gradients
+        shared = work.accumulate
+        positions = np.searchsorted(work.shared, work.rows[shared])
+        trains_shared = np.isin(work.rows, work.shared, assume_unique=True)
+        if len(positions) != trains_shared.sum() or not np.array_equal(work.shared[positions], work.rows[shared]):
+            raise RuntimeError(f"worker {self.roles.worker}: the rows it accumulates are not the rows several "
+                               f"workers train; the plan and the cluster state disagree")
+        import torch  # workers only: importing a mode stays light (the simulator's)
+
+        summed = np.zeros((len(work.shared), gradients.shape[1]), dtype=gradients.dtype)
+        summed[positions] = gradients[shared]
+        summed = self.context.hvd.allreduce(torch.from_numpy(summed), op=self.context.hvd.Sum,
+                                            name="shared_rows").numpy()
+        gradients = gradients.copy()
+        gradients[shared] = summed[positions]
+        return gradients
+
     def update(self, work: WorkerPlan, gradients: np.ndarray) -> list:
         """Local SGD on rows trained alone; PS writes of full-set and plan-pushed rows; shared rows accumulated."""
+        if self.config.train.embedding_optimizer is not EmbeddingOptimizer.sgd:
+            return self._update_rowwise(work, gradients)
         lr = self.config.train.embedding_lr
         local = work.local
         self.cache[work.slots[local]] -= lr * gradients[local]
@@ -45,6 +77,16 @@ class Vanilla(TrainingMode):
         if self.config.train.deterministic:
             return writes + [self._accumulate_in_worker_order(rows, deltas, work)]
         return writes + [self.table.accumulate(rows, deltas)]
+
+    def _update_rowwise(self, work: WorkerPlan, gradients: np.ndarray) -> list:
+        """Row-wise Adagrad: every row updated in the cache from its summed gradient (:meth:`reduce`); full-set and
+        plan-pushed rows written to the PS as with SGD, shared rows written by each trainer alike."""
+        slots = work.slots
+        self.cache[slots] = updated(self.cache[slots], gradients, self.config)
+        shared = work.accumulate
+        return [self.table.put(work.rows[work.full_set], self.cache[slots[work.full_set]]),
+                self.table.put(work.plan_push.rows, self.cache[work.plan_push.slots]),
+                self.table.replace(work.rows[shared], self.cache[slots[shared]])]
 
     def _accumulate_in_worker_order(self, rows: np.ndarray, deltas: np.ndarray, work: WorkerPlan):
         """Add shared rows' deltas turn by turn, so each row's sum has one order: the workers'.

@@ -29,7 +29,7 @@ from typing import Optional
 
 import numpy as np
 
-from hybrid.config import flatten
+from hybrid.config import RESHAPE_KEYS, Config, flatten
 
 FORMAT = 1
 META = "meta.json"
@@ -218,17 +218,36 @@ def verify(checkpoint: Checkpoint, names: list[str]) -> Optional[str]:
 
 
 def mismatch(checkpoint: Checkpoint, training: dict, fingerprint: str) -> Optional[str]:
-    """Why ``checkpoint`` belongs to another run (config keys or data that differ), or None."""
+    """Why ``checkpoint`` belongs to another run (config keys or data that differ), or None.
+
+    The cluster's shape and the run's length may change (``RESHAPE_KEYS``)
+    as long as the global batch stays: it fixes every iteration's samples.
+    Keys added to the config after the checkpoint was written count as
+    their defaults.
+    """
     meta = checkpoint.meta
     if meta.get("data_fingerprint") != fingerprint:
         return (f"it was written for data with fingerprint {meta.get('data_fingerprint')}, this store has "
                 f"{fingerprint}")
-    saved, now = flatten(meta.get("config", {})), flatten(training)
-    differing = sorted(key for key in now.keys() | saved.keys() if now.get(key) != saved.get(key))
+    # a key the checkpoint's version did not have yet had its default value then
+    saved, now = {**flatten(Config().training_dict()), **flatten(meta.get("config", {}))}, flatten(training)
+    differing = sorted(key for key in now.keys() | saved.keys()
+                       if key not in RESHAPE_KEYS and now.get(key) != saved.get(key))
     if differing:
         shown = ", ".join(f"{k} (checkpoint {saved.get(k)!r}, now {now.get(k)!r})" for k in differing[:5])
         return f"it was written by another config: {shown}"
-    return None
+    return _global_batch_mismatch(saved, now)
+
+
+def _global_batch_mismatch(saved: dict, now: dict) -> Optional[str]:
+    """Why the resumed run's global batch differs from the checkpoint's, and the values that keep it."""
+    batch, workers = saved["cluster.workers"] * saved["train.batch_per_worker"], now["cluster.workers"]
+    if workers * now["train.batch_per_worker"] == batch:
+        return None
+    keep = (f"train.batch_per_worker={batch // workers} keeps it on {workers} workers" if batch % workers == 0
+            else f"no train.batch_per_worker keeps it on {workers} workers; use a number of workers dividing {batch}")
+    return (f"its global batch is {batch} samples ({saved['cluster.workers']} workers x "
+            f"{saved['train.batch_per_worker']}), this run's {workers * now['train.batch_per_worker']}: {keep}")
 
 
 def metadata(*, step: int, training: dict, fingerprint: str, files: dict, extra: dict) -> dict:

@@ -38,14 +38,20 @@ def fill_initial_rows(out: np.ndarray, seed: int, first_row: int, scale: float |
     fill_uniform_rows(out, seed, _STREAM, first_row, _scale(out.shape[1], scale), threads)
 
 
-def fill_initial_runs(shard: np.ndarray, seed: int, runs, scale: float | None = None) -> None:
+def fill_initial_runs(shard: np.ndarray, seed: int, runs, scale: float | None = None,
+                      dim: int | None = None) -> None:
     """Fill a PS shard in place from its plan's runs ``(local_start, first_row, count, stride, col_lo, width)``.
 
     Stride-1 runs of whole rows (whole tables, row ranges) use the in-place
     kernel; rows dealt round-robin and column slices (the shard viewed as
     rows of the slice's width) are computed in chunks of at most 1 << 16
-    rows, so the temporaries stay small whatever the shard.
+    rows, so the temporaries stay small whatever the shard. ``dim``: the
+    embedding's width when the stored rows are wider (an optimizer's state
+    after each row, which starts at 0).
     """
+    if dim is not None and dim != shard.shape[1]:
+        _fill_with_state(shard, seed, runs, dim, scale)
+        return
     dim = shard.shape[1]
     scale = _scale(dim, scale)  # a slice's values are its table's: the whole width sets the scale
     for start, first, count, stride, col_lo, width in runs:
@@ -58,3 +64,15 @@ def fill_initial_runs(shard: np.ndarray, seed: int, runs, scale: float | None = 
             rows = first + stride * (done + np.arange(n, dtype=np.int64))
             values = initial_rows(seed, rows, dim, shard.dtype, scale)
             target[start + done:start + done + n] = values[:, col_lo:col_lo + width] if width else values
+
+
+def _fill_with_state(shard: np.ndarray, seed: int, runs, dim: int, scale: float | None) -> None:
+    """Rows of ``dim`` initial values followed by zeroed state columns (whole-row plans only)."""
+    for start, first, count, stride, _, width in runs:
+        if width:
+            raise ValueError("rows with optimizer state cannot be split into column slices")
+        for done in range(0, count, 1 << 16):
+            n = min(1 << 16, count - done)
+            rows = first + stride * (done + np.arange(n, dtype=np.int64))
+            shard[start + done:start + done + n, :dim] = initial_rows(seed, rows, dim, shard.dtype, scale)
+            shard[start + done:start + done + n, dim:] = 0

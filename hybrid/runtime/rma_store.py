@@ -328,13 +328,24 @@ class EmbeddingStore:
         """Start adding ``values`` to ``rows`` (element-wise atomic sum at the PS)."""
         return self._write(rows, values, accumulate=True, only=only)
 
-    def _write(self, rows, values, accumulate: bool, only: Optional[int]) -> Handle:
+    def replace(self, rows: np.ndarray, values: np.ndarray) -> Handle:
+        """Start overwriting ``rows`` that several workers write at once, each with the same ``values``.
+
+        Row-wise Adagrad's shared rows: every trainer computes the same new
+        row from the summed gradient. Concurrent ``Put``s to one location are
+        erroneous in MPI; ``Accumulate(op=REPLACE)`` is element-wise atomic.
+        The packed transport's PS applies messages one at a time, so a plain
+        write is the same there. Counted as the accumulation it replaces.
+        """
+        return self._write(rows, values, accumulate=True, only=None, op=MPI.REPLACE)
+
+    def _write(self, rows, values, accumulate: bool, only: Optional[int], op=MPI.SUM) -> Handle:
         self._check_values(rows, values, "values")
         self.rows_moved["accumulate" if accumulate else "put"] += len(rows)
         handle = Handle(self)
         for target, parts in self._by_target(rows, only):
             if self.channel is not None:  # one message per width; the rows go straight into it, one copy
-                kind = packed_transport.ADD if accumulate else packed_transport.PUT
+                kind = packed_transport.ADD if accumulate and op == MPI.SUM else packed_transport.PUT
                 for positions, local, columns in parts:
                     if columns is not None:  # the pieces' values, gathered once
                         values_of, positions = values[positions[:, None], columns], np.arange(len(positions))
@@ -354,7 +365,7 @@ class EmbeddingStore:
             ttype = self._target_type(parts)
             origin = [staging, staging.size, self.basic]
             if accumulate:
-                self.win.Accumulate(origin, target, target=(0, 1, ttype), op=MPI.SUM)
+                self.win.Accumulate(origin, target, target=(0, 1, ttype), op=op)
             else:
                 self.win.Put(origin, target, target=(0, 1, ttype))
             ttype.Free()

@@ -315,16 +315,3 @@ class ShardPlan:
         """The plan :meth:`to_dict` wrote (checked as any plan is)."""
         return cls(values["n_rows"], values["n_shards"], values["segments"], name=values.get("name", "custom"),
                    dim=values.get("dim", 0))
-
-
-def layout_mismatch(meta: dict, plan: ShardPlan) -> Optional[str]:
-    """Why a checkpoint's PS shard files do not fit ``plan``'s layout, or None.
-
-    Shard files hold each PS rank's rows in its plan's local order, so a
-    checkpoint resumes only under the plan that wrote it (older checkpoints,
-    without the key, were written under the default row ranges).
-    """
-    saved = meta.get("shard_plan", ShardPlan.contiguous(plan.n_rows, plan.n_shards).fingerprint)
-    if saved == plan.fingerprint:
-        return None
-    return f"its PS shards are in the layout of shard plan {saved}, this run's plan is {plan.fingerprint}"

@@ -82,9 +82,9 @@ class FaeScheduler:
     def save_arrays(self) -> dict:
         raise SchedulerError("FAE runs are not checkpointed (docs/design.md section 7)")
 
-    def plans(self, batches: Iterable, resume: Optional[dict] = None) -> Iterator[BatchPlan]:
+    def plans(self, batches: Iterable, resume: Optional[dict] = None, start_step: int = 0) -> Iterator[BatchPlan]:
         """One plan per batch, in order; each batch carries its ``strip``."""
-        if resume is not None:
+        if resume is not None or start_step:
             raise SchedulerError("FAE runs are not resumed (docs/design.md section 7)")
         iterator = iter(batches)
         batch = next(iterator, None)

@@ -44,8 +44,9 @@ class PlanProducer:
 
     def __init__(self, scheduler: Scheduler, batches: Iterable[GlobalBatch], *,
                  marks: Callable[[int], tuple[bool, bool]] = lambda step: (False, False),
-                 resume: Optional[dict] = None, keeps_state: bool = True, depth: int = 2):
+                 resume: Optional[dict] = None, start_step: int = 0, keeps_state: bool = True, depth: int = 2):
         self.scheduler, self.marks, self.keeps_state = scheduler, marks, keeps_state
+        self._start_step = start_step  # the first plan's step without ``resume`` (a cold-started resumed run)
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._hold, self._held, self._released = threading.Event(), threading.Event(), threading.Event()
@@ -65,9 +66,9 @@ class PlanProducer:
                 pending.append(batch)
                 yield batch if whole else batch.sparse
 
-        plans = self.scheduler.plans(feed(), self._resume)
-        self._resume = None  # the generator drops it once loaded
-        try:
+        try:  # any error, the scheduler's call included, reaches the consumer
+            plans = self.scheduler.plans(feed(), self._resume, start_step=self._start_step)
+            self._resume = None  # the generator drops it once loaded
             for plan in plans:
                 self._newest = plan.step
                 save, dirty = self.marks(plan.step)

@@ -117,10 +117,15 @@ class WorkerPlan:
     p2p_out: PeerTransfer  # rows this worker sends them
     stale: Optional[StaleShare] = None  # HET mode
     hot: Optional[HotShare] = None  # FAE mode, hot iterations
+    # row-wise Adagrad: every row several workers train in this iteration, sorted, the same on every worker:
+    # their gradients are summed over the workers as one [len(shared), dim] allreduce before the update
+    shared: Optional[np.ndarray] = None
 
     def moved_outside_store(self) -> dict:
-        """Rows this iteration moves besides the store's: received from peers (P2P), summed with Horovod (FAE)."""
-        return {"p2p": len(self.p2p_in), "allreduced": 0 if self.hot is None else len(self.hot.union)}
+        """Rows this iteration moves besides the store's: received from peers (P2P), summed with Horovod
+        (FAE's hot rows, row-wise Adagrad's shared rows)."""
+        summed = (0 if self.hot is None else len(self.hot.union)) + (0 if self.shared is None else len(self.shared))
+        return {"p2p": len(self.p2p_in), "allreduced": summed}
 
 
 @dataclass

@@ -19,9 +19,9 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 
 from hybrid._ext.cluster_state import KIND_NAMES, ClusterState
-from hybrid.config import Config
+from hybrid.config import Config, EmbeddingOptimizer
 from hybrid.scheduling.allocation import AllocationPolicy
-from hybrid.scheduling.event_kinds import FAE_KINDS
+from hybrid.scheduling.event_kinds import EXTRA_KINDS
 from hybrid.scheduling.plans import BatchPlan, PeerTransfer, StaleShare, Transfer, WorkerPlan
 from hybrid.scheduling.policy import SchedulePolicy, SchedulerError
 
@@ -45,6 +45,18 @@ class BatchStream:
         if not self._early:
             self._early.append(next(self._batches, None))
         return self._early[0]
+
+
+def shared_rows(rows: np.ndarray, allocation: np.ndarray, n_workers: int) -> np.ndarray:
+    """The rows of a global batch that samples of two or more workers use, sorted.
+
+    These are the rows the cluster state updates by accumulation (each
+    trainer adds its part at the PS); a pure function of the batch and its
+    allocation, so every worker and the simulator find the same ones.
+    """
+    pairs = np.unique(rows * n_workers + allocation.astype(np.int64)[:, None])
+    trained, trainers = np.unique(pairs // n_workers, return_counts=True)
+    return trained[trainers > 1]
 
 
 def cache_capacity(n_rows: int, ratio: float, batch_per_worker: int, n_tables: int) -> int:
@@ -73,6 +85,7 @@ class Scheduler:
     policy: AllocationPolicy
     table_offsets: np.ndarray
     snapshot_worker: Optional[int] = None  # debug: attach this worker's end-of-iteration state to plans
+    sums_shared_rows: bool = False  # row-wise Adagrad: plans name the shared rows (summed before their update)
     _timing: dict = field(default_factory=dict)
     _next: tuple = (0, None)  # (step, allocation) of the batch after the plan last yielded
 
@@ -97,7 +110,8 @@ class Scheduler:
         max_pairs = config.cluster.workers * config.train.batch_per_worker * n_tables
         state = policy.cluster_state(config, n_rows=n_rows, capacity=capacity, max_pairs=max_pairs, worker=worker)
         offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64)
-        return cls(state=state, policy=policy.allocation_policy(config, state, cardinalities), table_offsets=offsets)
+        return cls(state=state, policy=policy.allocation_policy(config, state, cardinalities), table_offsets=offsets,
+                   sums_shared_rows=config.train.embedding_optimizer is not EmbeddingOptimizer.sgd)
 
     def global_rows(self, sparse: np.ndarray) -> np.ndarray:
         """Per-table ids [B, tables] -> global row ids (tables back to back)."""
@@ -128,7 +142,7 @@ class Scheduler:
         return (self.state.focus_needs(), self.state.worker_events(self.state.focus), self.state.accumulate_rounds,
                 sends)
 
-    def _work(self, trained: Optional[tuple]) -> Optional[WorkerPlan]:
+    def _work(self, trained: Optional[tuple], shared: Optional[np.ndarray]) -> Optional[WorkerPlan]:
         if trained is None:
             return None
         (samples, index, rows, slots), events, rounds, sends = trained
@@ -146,7 +160,7 @@ class Scheduler:
             p2p_in=PeerTransfer(events["p2p"]["peers"], events["p2p"]["rows"], events["p2p"]["slots"]),
             p2p_out=PeerTransfer.empty() if sends is None else
             PeerTransfer(sends["receivers"], sends["rows"], sends["slots"]),
-            stale=StaleShare.of(events) if self.state.staleness >= 0 else None)
+            stale=StaleShare.of(events) if self.state.staleness >= 0 else None, shared=shared)
 
     def save_arrays(self) -> dict:
         """What the plans after the one last yielded depend on, as arrays (docs/design.md section 13).
@@ -209,14 +223,17 @@ class Scheduler:
             planned = self.state.plan(next_rows, next_alloc)
             per_worker += self.state.worker_transmissions()
             digest.update(int(self.state.event_digest).to_bytes(8, "little"))
-            work = self._work(trained)
+            shared = shared_rows(rows, alloc, self.state.n_workers) if self.sums_shared_rows else None
+            work = self._work(trained, shared)
             timing["plan"] = time.perf_counter() - start
-            counts = {k: counts[k] + planned[k] for k in KIND_NAMES} | dict.fromkeys(FAE_KINDS, 0)
+            counts = {k: counts[k] + planned[k] for k in KIND_NAMES} | dict.fromkeys(EXTRA_KINDS, 0)
+            if shared is not None:
+                counts["shared_allreduce"] = len(shared)
             self._next = (step + 1, next_alloc)
             yield BatchPlan(step=step, allocation=alloc, counts=counts, timing=timing,
                             digest=digest.hexdigest()[:16], work=work, snapshot=self._snapshot(),
                             per_worker=per_worker)
             if upcoming is None:
                 return
-            alloc = next_alloc
+            alloc, rows = next_alloc, next_rows
             step += 1

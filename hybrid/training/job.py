@@ -27,8 +27,9 @@ from hybrid.runtime import checkpoint as ckpt
 from hybrid.runtime.comm import check_agreement, split_roles
 from hybrid.runtime.link_counters import difference, link_bytes
 from hybrid.runtime.preemption import StopRequest
-from hybrid.runtime.shard_plan import ShardPlan, ShardPlanError, layout_mismatch
-from hybrid.scheduling.event_kinds import UPDATE_KINDS
+from hybrid.runtime.reshard import checkpoint_plan, files_to_verify, keeps_schedule, same_layout, saved_shape
+from hybrid.runtime.shard_plan import ShardPlan, ShardPlanError
+from hybrid.scheduling.event_kinds import ALLREDUCE_KINDS, UPDATE_KINDS
 from hybrid.training.loop import STAGES, HybridTrainer
 
 
@@ -103,6 +104,10 @@ def _shard_plan(config: Config, n_rows: int) -> tuple[Optional[ShardPlan], str]:
                               dim=config.model.embedding_dim)
     except ShardPlanError as err:
         return None, f"cluster.shard_plan: {err}"
+    if plan.columns and config.row_width != config.model.embedding_dim:
+        return None, (f"cluster.shard_plan: {config.cluster.shard_plan} splits rows into column slices, but "
+                      f"train.embedding_optimizer={config.train.embedding_optimizer.value} keeps state beside "
+                      f"each whole row; use a plan of whole rows")
     return plan, plan.fingerprint
 
 
@@ -116,26 +121,41 @@ def _resume_point(config: Config, roles, fingerprint: str, plan: ShardPlan) -> O
 
     One of another config or data is refused outright; a damaged one
     (a file missing, truncated or changed) is skipped for the previous one.
-    Each rank checks only the files it will read: PS ranks their rows,
-    workers the MLP and the scheduler's state.
+    Each rank checks only the files it will read: PS ranks their rows (on
+    another cluster shape a share of every old PS file), workers the MLP
+    and the scheduler's state (only where the schedule continues).
     """
     directory = ckpt.CheckpointDir(config.checkpoint_path)
     candidates = roles.world.bcast(directory.complete() if roles.rank == 0 else None, root=0)
     if not candidates:
         _say(roles, f"no checkpoint in {directory.root}; starting from iteration 0")
         return None
-    mine = [ckpt.shard_name(roles.ps_ranks.index(roles.rank))] if roles.is_ps else ["dense.pt", "scheduler.npz"]
     skipped = []
     for candidate in candidates:
-        other = ckpt.mismatch(candidate, config.training_dict(), fingerprint) or layout_mismatch(candidate.meta, plan)
+        other = ckpt.mismatch(candidate, config.training_dict(), fingerprint)
         if other:
             raise ckpt.CheckpointError(f"{candidate.path} belongs to another run: {other}; resume with the "
                                        f"config and data that wrote it, or set train.checkpoint_dir elsewhere")
+        if not same_layout(candidate.meta, plan):
+            try:
+                checkpoint_plan(candidate.meta, plan.n_rows)  # its layout is known, or it cannot be re-sharded
+            except ShardPlanError as err:
+                raise ckpt.CheckpointError(f"{candidate.path}: {err}") from None
+        if roles.is_ps:
+            mine = files_to_verify(candidate.meta, plan, roles.ps_ranks.index(roles.rank))
+        else:
+            mine = ["dense.pt"] + (["scheduler.npz"] if keeps_schedule(candidate.meta, roles.n_workers, plan) else [])
         problems = sorted({p for p in roles.world.allgather(ckpt.verify(candidate, mine)) if p})
         if not problems:
             if skipped:
                 _say(roles, f"skipped damaged checkpoint(s): {'; '.join(skipped)}")
             _say(roles, f"resuming from {candidate.path} (after iteration {candidate.step})")
+            workers, ps = saved_shape(candidate.meta)
+            if not same_layout(candidate.meta, plan) or workers != roles.n_workers:
+                _say(roles, f"it was written by {workers} workers + {ps} PS; on {roles.n_workers} + {plan.n_shards} "
+                            f"(plan {plan.fingerprint}) the PS rows are re-sharded and the scheduler starts cold")
+            elif not keeps_schedule(candidate.meta, roles.n_workers, plan):
+                _say(roles, "it ended its run: the scheduler starts cold from its tables")
             return candidate
         skipped.append(f"{candidate.path.name}: {', '.join(problems)}")
     raise ckpt.CheckpointError(f"no usable checkpoint in {directory.root}: {'; '.join(skipped)}")
@@ -208,7 +228,8 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
                           "pull_bytes": pulls * row_bytes, "push_bytes": pushes * row_bytes,
                           "p2p_bytes": p2p * row_bytes},
         "version_checks": {"rows": int(total[4]), "bytes": 8 * int(total[4])},  # HET: read, not transmissions
-        "allreduced_rows": counts.get("hot_allreduce", 0),  # FAE: hot rows summed with Horovod, not transmissions
+        # FAE's hot rows and row-wise Adagrad's shared rows, summed with Horovod: not transmissions
+        "allreduced_rows": sum(counts.get(k, 0) for k in ALLREDUCE_KINDS),
         "hit_rate": round(1 - counts.get("pull", 0) / needed, 6) if needed else 0.0,
         "train_loss": round(loss_sum / samples, 6) if samples else float("nan"),
         "events": counts, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},

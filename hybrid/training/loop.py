@@ -63,12 +63,14 @@ import torch
 from hybrid import modes
 from hybrid.config import Config
 from hybrid.data.store import BatchStore, GlobalBatch
+from hybrid.exported import auc_and_logloss
 from hybrid.models import build_model, dense_optimizer
 from hybrid.runtime import accelerator
 from hybrid.runtime import checkpoint as ckpt
 from hybrid.runtime.comm import Roles, init_horovod
 from hybrid.runtime.embedding_init import fill_initial_runs
 from hybrid.runtime.preemption import StopRequest
+from hybrid.runtime.reshard import ShardFiles, checkpoint_plan, keeps_schedule, same_layout
 from hybrid.runtime.rma_store import EmbeddingStore, Handle
 from hybrid.runtime.shard_plan import ShardPlan
 from hybrid.runtime.watchdog import Watchdog
@@ -141,10 +143,11 @@ class HybridTrainer:
         n_rows = int(store.cardinalities.sum())
         dim = config.model.embedding_dim
         mode = modes.get(config.scheduler.mode)
-        if plan is None and config.cluster.shard_plan:
-            plan = ShardPlan.load(config.cluster.shard_plan, n_rows=n_rows, n_shards=config.cluster.ps, dim=dim)
-        self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, dim, dtype=self.dtype,
-                                    init=self._initial_rows(resume), transport=config.cluster.transport.value,
+        if plan is None:
+            plan = ShardPlan.load(config.cluster.shard_plan, n_rows=n_rows, n_shards=config.cluster.ps, dim=dim) \
+                if config.cluster.shard_plan else ShardPlan.contiguous(n_rows, config.cluster.ps)
+        self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, config.row_width, dtype=self.dtype,
+                                    init=self._initial_rows(resume, plan), transport=config.cluster.transport.value,
                                     spin_seconds=0.0 if roles.oversubscribed else 0.002,
                                     versions=mode.store_versions, plan=plan)
         self.hvd = init_horovod(roles)
@@ -175,7 +178,8 @@ class HybridTrainer:
             dense = torch.load(resume.file("dense.pt"), map_location=self.device, weights_only=True)
             self.model.load_state_dict(dense["model"])
             self.optimizer.load_state_dict(dense["optimizer"])
-            self.resume_arrays = ckpt.read_arrays(resume.file("scheduler.npz"))
+            if keeps_schedule(resume.meta, roles.n_workers, self.table.plan):
+                self.resume_arrays = ckpt.read_arrays(resume.file("scheduler.npz"))
         self.startup_seconds = time.perf_counter() - start
 
     def _agree_on_scored_tables(self) -> Optional[int]:
@@ -195,12 +199,19 @@ class HybridTrainer:
         mine = policy.measure_cost_ms(self.scheduler.global_rows(first.sparse))
         return policy.fix_table_count(max(self.roles.workers.allgather(mine)))
 
-    def _initial_rows(self, resume: Optional[ckpt.Checkpoint]) -> Callable[[np.ndarray, list], None]:
-        """How a PS rank fills its shard: the seeded initial rows, or its file of the checkpoint."""
+    def _initial_rows(self, resume: Optional[ckpt.Checkpoint], plan: ShardPlan) -> Callable[[np.ndarray, list], None]:
+        """How a PS rank fills its shard: the seeded initial rows, its file of the checkpoint, or (the
+        checkpoint written by other PS ranks or under another plan) its rows gathered from every file."""
         if resume is None:
-            return lambda shard, runs: fill_initial_runs(shard, self.config.seed, runs)
-        index = self.roles.ps_ranks.index(self.roles.rank) if self.roles.is_ps else 0
-        return lambda shard, runs: ckpt.read_rows_into(resume.file(ckpt.shard_name(index)), shard)
+            return lambda shard, runs: fill_initial_runs(shard, self.config.seed, runs,
+                                                         dim=self.config.model.embedding_dim)
+        if same_layout(resume.meta, plan):
+            index = self.roles.ps_ranks.index(self.roles.rank) if self.roles.is_ps else 0
+            return lambda shard, runs: ckpt.read_rows_into(resume.file(ckpt.shard_name(index)), shard)
+        old = checkpoint_plan(resume.meta, plan.n_rows)
+        files = ShardFiles([resume.file(ckpt.shard_name(i)) for i in range(old.n_shards)], old,
+                           self.config.row_width, self.dtype)
+        return lambda shard, runs: files.fill(shard, runs)
 
     def device_name(self) -> str:
         """This worker's device as the summary names it: cpu, or cuda:N and the GPU's model."""
@@ -245,7 +256,7 @@ class HybridTrainer:
         batches = self.mode.batches(first)
         self.last_step = iterations - 1
         producer = PlanProducer(self.scheduler, itertools.islice(batches, iterations - first), marks=self._marks,
-                                resume=self.resume_arrays, keeps_state=self.roles.worker == 0)
+                                resume=self.resume_arrays, start_step=first, keeps_state=self.roles.worker == 0)
         log = []
         self.stages = Stages()
         where = lambda: f"in stage {self.stages.current} of iteration {first + len(log)}"  # noqa: E731
@@ -381,6 +392,12 @@ class HybridTrainer:
                                  files={k: v for part in gathered for k, v in part.items()},
                                  extra={"mode": self.config.scheduler.mode.value, "rows": self.table.plan.n_rows,
                                         "shard_plan": self.table.plan.fingerprint,
+                                        "shard_layout": self.table.plan.to_dict(),
+                                        # the run's last iteration: its scheduler planned no next batch
+                                        "ends_run": plan.step == self.last_step,
+                                        # what an export needs to rebuild the model without the store
+                                        "cardinalities": self.data.cardinalities.tolist(),
+                                        "n_dense": self.data.n_dense,
                                         "dim": self.table.dim, "dtype": self.dtype.name})
             entry["path"] = str(self.checkpoints.commit(staging, meta).path)
         entry["seconds"] = round(time.perf_counter() - start, 3)
@@ -439,7 +456,8 @@ class HybridTrainer:
             ahead = self._prefetch(upcoming[0]) if (upcoming is not None and self.overlap and
                                                     self.mode.reads_ahead(upcoming[0])) else None
         with stages("compute"):
-            leaf = self.staging.to_device(self.mode.embeddings(work)[work.slots]).requires_grad_(True)
+            dim = self.config.model.embedding_dim  # stored rows may carry optimizer state after it
+            leaf = self.staging.to_device(self.mode.embeddings(work)[work.slots, :dim]).requires_grad_(True)
             logits = self.model(dense, torch.nn.functional.embedding(index, leaf))
             # the global batch's mean loss: each worker sums its samples over the global batch size,
             # and the MLP gradients are summed (not averaged) over the workers
@@ -514,8 +532,6 @@ class HybridTrainer:
         """
         if self.roles.is_ps:
             return None
-        from sklearn.metrics import log_loss, roc_auc_score
-
         me, n = self.roles.worker, self.roles.n_workers
         offsets = self.data.table_offsets
         probabilities, labels = [], []
@@ -527,9 +543,9 @@ class HybridTrainer:
                 batch = test.gather(0, positions[begin:begin + batch_size])
                 rows = batch.sparse.astype(np.int64) + offsets
                 unique, inverse = np.unique(rows, return_inverse=True)
-                values = np.empty((len(unique), self.config.model.embedding_dim), dtype=self.dtype)
+                values = np.empty((len(unique), self.config.row_width), dtype=self.dtype)
                 self.table.pull(unique, values).wait()
-                emb = self.staging.to_device(values[inverse.reshape(rows.shape)])
+                emb = self.staging.to_device(values[inverse.reshape(rows.shape), :self.config.model.embedding_dim])
                 logits = self.model(self.staging.to_device(batch.dense, self.torch_dtype), emb)
                 probabilities.append(torch.sigmoid(logits).cpu().numpy())
                 labels.append(batch.labels)
@@ -538,13 +554,7 @@ class HybridTrainer:
                                               np.concatenate(labels or [np.zeros(0)])), root=0)
         if me != 0:
             return None
-        p = np.concatenate([g[0] for g in gathered])
-        y = np.concatenate([g[1] for g in gathered])
-        if len(y) == 0:
-            return {"samples": 0, "auc": float("nan"), "logloss": float("nan")}
-        logloss = float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7), labels=[0, 1]))
-        auc = float(roc_auc_score(y, p)) if len(np.unique(y)) == 2 else float("nan")
-        return {"samples": int(len(y)), "auc": auc, "logloss": logloss}
+        return auc_and_logloss(np.concatenate([g[1] for g in gathered]), np.concatenate([g[0] for g in gathered]))
 
     def close(self) -> None:
         """End the PS ranks' service if the run has not, and free the store (collective over all ranks)."""

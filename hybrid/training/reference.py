@@ -1,8 +1,9 @@
-"""The single-process reference: plain torch SGD on the whole global batch.
+"""The single-process reference: plain torch on the whole global batch.
 
 This is what every BSP mode must reproduce exactly (docs/design.md section 9):
 the same initial embeddings and MLP, the same global batches in the same
-order, the mean loss over the global batch, SGD on embeddings and MLP.
+order, the mean loss over the global batch, the configured optimizers
+(SGD, or row-wise Adagrad, for embeddings: ``hybrid.embedding_optimizer``).
 """
 from __future__ import annotations
 
@@ -11,23 +12,26 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 
-from hybrid.config import Config
+from hybrid.config import Config, EmbeddingOptimizer
 from hybrid.data.store import BatchStore
+from hybrid.embedding_optimizer import state_columns, updated
 from hybrid.models import build_model, dense_optimizer
 from hybrid.runtime.embedding_init import initial_rows
 
 
 def train_reference(config: Config, store: BatchStore, iterations: int, batches: Optional[Iterable] = None):
-    """Final (embedding table [rows, dim], model) after ``iterations`` global batches.
+    """Final (embedding table [rows, row_width], model) after ``iterations`` global batches.
 
-    ``batches``: the global batches in the order a mode trained them (FAE's
-    strips); by default the store's.
+    The table holds what a PS stores: each row's embedding, then its
+    optimizer state (row-wise Adagrad's accumulator). ``batches``: the global
+    batches in the order a mode trained them (FAE's strips); by default the store's.
     """
     dtype = getattr(torch, config.model.precision.value)
     offsets = store.table_offsets
     n_rows = int(store.cardinalities.sum())
     table = torch.tensor(initial_rows(config.seed, np.arange(n_rows), config.model.embedding_dim,
                                       np.dtype(config.model.precision.value)))
+    state = np.zeros(n_rows, dtype=np.dtype(config.model.precision.value))  # row-wise Adagrad's accumulators
     model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed)
     optimizer = dense_optimizer(config, model.parameters())
     if batches is None:
@@ -41,5 +45,19 @@ def train_reference(config: Config, store: BatchStore, iterations: int, batches:
         loss.backward()
         optimizer.step()
         with torch.no_grad():
-            table = table - config.train.embedding_lr * table.grad
+            if config.train.embedding_optimizer is EmbeddingOptimizer.sgd:
+                table = table - config.train.embedding_lr * table.grad
+            else:
+                table, state = _rowwise_step(table, state, torch.unique(rows).numpy(), config)
+    if state_columns(config):
+        return np.concatenate([table.detach().numpy(), state[:, None]], axis=1), model
     return table.detach().numpy(), model
+
+
+def _rowwise_step(table: torch.Tensor, state: np.ndarray, touched: np.ndarray, config: Config):
+    """The batch's rows updated from their summed gradients by the workers' own function; the rest unchanged."""
+    values = table.detach().numpy().copy()
+    stored = np.concatenate([values[touched], state[touched, None]], axis=1)
+    new = updated(stored, table.grad.numpy()[touched], config)
+    values[touched], state[touched] = new[:, :-1], new[:, -1]
+    return torch.from_numpy(values), state

@@ -16,7 +16,7 @@ def format_summary(summary: dict) -> str:
     if summary.get("version_checks", {}).get("rows"):
         apart += f"; {summary['version_checks']['rows']} version checks"
     if summary.get("allreduced_rows"):
-        apart += f"; {summary['allreduced_rows']} hot rows allreduced"
+        apart += f"; {summary['allreduced_rows']} rows allreduced"
     return (f"{summary['config']} {summary.get('label', summary['mode'])}: {summary['workers']} workers + "
             f"{summary['ps']} PS, "
             f"{summary['iterations']} iterations, {summary['throughput']:.0f} samples/s; "

@@ -75,6 +75,18 @@ def test_the_host_staged_allreduce_equals_the_reference(store_path, mode):
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["vanilla", "herald", "herald+scheduler.sync=p2p"])
+@pytest.mark.parametrize("transport", ["rma", "packed"])
+@pytest.mark.parametrize("n_ps", [1, 2])
+def test_rowwise_adagrad_equals_the_single_process_reference_rows_and_accumulators(store_path, mode, transport,
+                                                                                     n_ps):
+    """Shared rows updated once from their summed gradient; every row's accumulator checked with its values."""
+    _small_float64_run(store_path, n_ps, *case_overrides(mode), "train.embedding_optimizer=rowwise_adagrad",
+                       f"cluster.transport={transport}")
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU workers need a CUDA device (none here)")
 @pytest.mark.parametrize("mode", ["vanilla", "herald", "het"])
 @pytest.mark.parametrize("model", ["dlrm", "wide_deep", "deepfm", "dcn", "ncf"])

@@ -31,6 +31,20 @@ def _config(store_path, *overrides):
                               "model.top_mlp=[8]", "scheduler.warmup_iterations=0", *overrides])
 
 
+def _train_and_total(config, store, kinds: tuple, iterations: int = 40):
+    """Train on every rank; (the per-iteration digests of every worker, the rows of ``kinds`` all workers moved)."""
+    world = MPI.COMM_WORLD
+    roles = split_roles(config.cluster.workers, config.cluster.ps)
+    trainer = HybridTrainer(config, roles, store)
+    log = trainer.train(iterations)
+    moved = np.array([sum(r["moved"][k] for r in log) for k in kinds])
+    trainer.close()
+    everyone = world.allgather(None if roles.is_ps else [r["digest"] for r in log])
+    totals = world.allreduce(np.zeros(len(kinds), np.int64) if roles.is_ps else moved)
+    roles.free()
+    return [d for d in everyone if d is not None], totals
+
+
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode,sync,staleness", [("vanilla", "ps", 0), ("herald", "ps", 0), ("herald", "p2p", 0),
@@ -40,22 +54,11 @@ def _config(store_path, *overrides):
     pytest.param("rma", "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                           reason="GPU workers need a CUDA device (none here)"))])
 def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, sync, staleness, transport, device):
-    world = MPI.COMM_WORLD
     config = _config(store_path, f"scheduler.mode={mode}", f"scheduler.sync={sync}", f"cluster.transport={transport}",
                      f"scheduler.staleness={staleness}", *(["cache.ratio=0.015"] if staleness else []),
                      f"train.device={device}")
     store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
-    roles = split_roles(config.cluster.workers, config.cluster.ps)
-    trainer = HybridTrainer(config, roles, store)
-    log = trainer.train(40)
-    digests = [r["digest"] for r in log]
-    kinds = ("pull", "put", "accumulate", "p2p", "version_read")
-    moved = np.array([sum(r["moved"][k] for r in log) for k in kinds])
-    trainer.close()
-    everyone = world.allgather(None if roles.is_ps else digests)
-    totals = world.allreduce(np.zeros(len(kinds), np.int64) if roles.is_ps else moved)
-    roles.free()
-    workers = [d for d in everyone if d is not None]
+    workers, totals = _train_and_total(config, store, ("pull", "put", "accumulate", "p2p", "version_read"))
     assert len(workers) == config.cluster.workers and all(d == workers[0] for d in workers)
     simulated = simulate_mode(config, store, Mode(mode), iterations=40)
     assert simulated.iterations == 40
@@ -70,6 +73,23 @@ def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, sy
         if staleness:
             assert simulated.by_kind["delta_writeback"] > 0 and simulated.by_kind["local"] > 0, \
                 "no update was kept in a cache: the staleness would mean nothing"
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["vanilla", "herald"])
+def test_rowwise_adagrad_moves_sgds_rows_and_allreduces_the_shared_rows_the_simulation_counts(store_path, mode):
+    config = _config(store_path, f"scheduler.mode={mode}", "train.embedding_optimizer=rowwise_adagrad")
+    store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
+    _, totals = _train_and_total(config, store, ("pull", "put", "accumulate", "allreduced"))
+    simulated = simulate_mode(config, store, Mode(mode), iterations=40)
+    sgd = simulate_mode(_config(store_path, f"scheduler.mode={mode}"), store, Mode(mode), iterations=40)
+    assert (totals[0], totals[1] + totals[2]) == (simulated.pulls, simulated.pushes) == (sgd.pulls, sgd.pushes)
+    # every worker takes part in the same allreduce of the iteration's shared rows
+    assert totals[3] == config.cluster.workers * simulated.allreduced
+    if config.cluster.workers > 1:
+        assert simulated.by_kind["shared_allreduce"] == simulated.allreduced > 0
+    assert config.row_bytes == 5 * 4, "each row carries its accumulator: dim 4 + 1 values of float32"
 
 
 @pytest.mark.mpi(min_size=3)

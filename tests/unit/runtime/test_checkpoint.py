@@ -83,6 +83,27 @@ def test_a_checkpoint_of_another_config_or_data_names_what_differs(tmp_path):
         "it was written by another config: train.embedding_lr (checkpoint 0.5, now 0.25)"
     assert "fingerprint abc, this store has xyz" in ckpt.mismatch(checkpoint, config.training_dict(), "xyz")
     json.dumps(checkpoint.meta)  # meta.json is plain JSON
+    older = ckpt.Checkpoint(tmp_path, {**checkpoint.meta, "config": {k: {kk: vv for kk, vv in v.items()
+                                                                         if kk != "embedding_optimizer"}
+                                                                     if isinstance(v, dict) else v
+                                                                     for k, v in checkpoint.meta["config"].items()}})
+    assert ckpt.mismatch(older, config.training_dict(), "abc") is None, "a key it predates counts as its default"
+
+
+def test_a_checkpoint_resumes_on_another_cluster_shape_and_length_only_with_its_global_batch(tmp_path):
+    config = load_config(None, ["cluster.workers=4", "cluster.ps=2", "train.batch_per_worker=8",
+                                "train.iterations=10"])
+    checkpoint = ckpt.Checkpoint(tmp_path, ckpt.metadata(step=9, training=config.training_dict(), fingerprint="abc",
+                                                         files={}, extra={}))
+    for shape in (["cluster.workers=2", "cluster.ps=1", "train.batch_per_worker=16"],
+                  ["cluster.workers=8", "cluster.ps=3", "train.batch_per_worker=4", "train.iterations=40"]):
+        assert ckpt.mismatch(checkpoint, load_config(None, shape).training_dict(), "abc") is None, shape
+    kept = load_config(None, ["cluster.workers=2", "cluster.ps=1", "train.batch_per_worker=8"])
+    assert ckpt.mismatch(checkpoint, kept.training_dict(), "abc") == (
+        "its global batch is 32 samples (4 workers x 8), this run's 16: train.batch_per_worker=16 keeps it "
+        "on 2 workers")
+    odd = load_config(None, ["cluster.workers=3", "cluster.ps=1", "train.batch_per_worker=8"])
+    assert "no train.batch_per_worker keeps it on 3 workers" in ckpt.mismatch(checkpoint, odd.training_dict(), "abc")
 
 
 def test_reading_rows_stops_at_a_truncated_file(tmp_path):

@@ -1,0 +1,53 @@
+"""An exported model (hybrid.exported): what it computes, and what it refuses."""
+import numpy as np
+import pytest
+import torch
+
+from hybrid.config import load_config
+from hybrid.data.synthetic import synthesize
+from hybrid.data.store import BatchStore
+from hybrid.exported import evaluate, load, save
+from hybrid.models import build_model
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("exported") / "store"
+    synthesize(path, like="criteo-kaggle", rows=500, scale=0.0005, seed=2)
+    return BatchStore(path)
+
+
+def _export(store, path, precision="float32"):
+    config = load_config(None, [f"model.precision={precision}", "model.embedding_dim=4", "seed=5"])
+    model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=5)
+    dtype = np.dtype(precision)
+    table = np.random.default_rng(0).normal(size=(int(store.cardinalities.sum()), 4)).astype(dtype)
+    save(path, config=config.to_dict(), model_state=model.state_dict(), embeddings=table,
+         table_offsets=store.table_offsets, n_dense=store.n_dense, step=3)
+    return model, table
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+def test_the_loaded_model_computes_the_trained_model_on_the_global_rows_of_each_table(store, tmp_path, precision):
+    model, table = _export(store, tmp_path / "m.pt", precision)
+    loaded = load(tmp_path / "m.pt")
+    batch = store.gather(0, np.arange(50))
+    dtype = getattr(torch, precision)
+    rows = torch.from_numpy(table[batch.sparse.astype(np.int64) + store.table_offsets])
+    want = model(torch.from_numpy(batch.dense).to(dtype), rows)
+    got = loaded(torch.from_numpy(batch.dense).to(dtype), torch.from_numpy(batch.sparse))
+    assert torch.equal(got, want.detach())
+    assert not loaded.training and not any(p.requires_grad for p in loaded.embeddings.parameters())
+    result = evaluate(loaded, store, limit=200)
+    assert result["samples"] == 200 and 0.0 <= result["auc"] <= 1.0
+
+
+def test_a_file_that_is_not_an_export_and_a_store_of_other_tables_are_refused(store, tmp_path):
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a model written by hybrid export"):
+        load(tmp_path / "other.pt")
+    _export(store, tmp_path / "m.pt")
+    other = tmp_path / "other-store"
+    synthesize(other, like="avazu", rows=100, scale=0.0005, seed=2)
+    with pytest.raises(ValueError, match="the model was trained on 26 tables"):
+        evaluate(load(tmp_path / "m.pt"), BatchStore(other))
