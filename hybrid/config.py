@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -313,12 +314,17 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
 @contextlib.contextmanager
 def _errors_named(source: str):
-    """Turn OmegaConf's multi-line errors into one line naming source and key."""
+    """Turn OmegaConf's and YAML's multi-line errors into one line naming source and key (or line)."""
     try:
         yield
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
         raise ConfigError(f"{source}{key}: {str(err).splitlines()[0]}") from None
+    except yaml.YAMLError as err:  # also a !!python/... tag: the safe loader refuses it, nothing runs
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{source}not a valid config: {where}{problem}") from None
 
 
 def _check(ok: bool, key: str, message: str) -> None:

@@ -9,6 +9,11 @@ cd "$ROOT"
 echo "== unit tests"
 python -m pytest -q -p no:cacheprovider tests/unit
 
+# Mistakes a user makes (bad configs, damaged stores, wrong input files, files that are not what they
+# claim): each must end in seconds with one line that says what to do.
+echo "== robustness"
+python -m pytest -q -p no:cacheprovider tests/robustness
+
 # The MPI tests also train on the real MovieLens-100k (from RecBole's wheel on PyPI, cached).
 echo "== real data"
 hybrid fetch movielens-100k --out data/ml-100k

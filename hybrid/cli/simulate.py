@@ -20,6 +20,7 @@ def cmd_simulate(args) -> int:
     config = load_config(args.config, overrides)
     cases = _cases(args, overrides)
     store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
+    store.check_ids()  # the scheduler's kernels trust the ids: one out of its table would read past it
     with progress_bar(unit="batches", desc="simulate") as bar:
         results = {label: simulate_mode(case_config, store, mode, args.iterations, bar.update)
                    for label, (mode, case_config) in cases.items()}

@@ -8,6 +8,7 @@ wrong`` (:class:`FormatError`).
 """
 from __future__ import annotations
 
+import codecs
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,16 +135,42 @@ def _first_line(path: Path) -> str:
         return f.readline().decode("utf-8", errors="replace").rstrip("\r\n")
 
 
+_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4", ".xz")  # pyarrow decompresses these by their suffix
+
+
+def _shown(value: str, limit: int = 80) -> str:
+    """A field as an error message shows it: quoted, escaped, cut to ``limit`` characters."""
+    return repr(value[:limit]) + (f" ... ({len(value)} characters)" if len(value) > limit else "")
+
+
+def _check_text(path: Path) -> None:
+    """Refuse a file that is not text (a NUL byte or invalid UTF-8 in its first 64 KiB), before the parser
+    reports it as thousands of malformed rows."""
+    if path.suffix in _COMPRESSED:
+        return
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)  # a character cut at the end is fine
+        text = b"\x00" not in head
+    except UnicodeDecodeError:
+        text = False
+    if not text:
+        raise FormatError(f"{path}: not a text file (binary data in its first {len(head)} bytes); give the "
+                          f"dataset's text files, or a compressed file ending in one of {', '.join(_COMPRESSED)}")
+
+
 def _check_start(path: Path, fmt: Format) -> None:
     if not path.is_file():
         raise FormatError(f"{path}: no such file")
     if path.stat().st_size == 0:
         raise FormatError(f"{path}: empty file")
+    _check_text(path)
     if fmt.header:
         found = _first_line(path).split(fmt.delimiter)
         if tuple(found) != fmt.header_fields:
             raise FormatError(f"{path}:1: expected the header {fmt.delimiter.join(fmt.header_fields)!r}, "
-                              f"found {fmt.delimiter.join(found)[:200]!r}")
+                              f"found {_shown(fmt.delimiter.join(found), 200)}")
 
 
 def read_batches(path: str | Path, fmt: Format) -> Iterator[pa.RecordBatch]:
@@ -168,7 +195,7 @@ def read_batches(path: str | Path, fmt: Format) -> Iterator[pa.RecordBatch]:
         if bad_rows:
             row = bad_rows[0]
             return FormatError(f"{path}:{row.number}: expected {row.expected_columns} columns, "
-                               f"found {row.actual_columns}: {row.text[:200]!r}")
+                               f"found {row.actual_columns}: {_shown(row.text, 200)}")
         return FormatError(f"{path}: {err}")
 
     def unreadable(err: OSError) -> FormatError:
@@ -224,7 +251,7 @@ def _validate(batch: pa.RecordBatch, fmt: Format, path: Path, lines_before: int)
         if not pc.all(ok).as_py():
             index = pc.index(ok, False).as_py()
             value = values[index].as_py()
-            what = "empty line" if _is_empty_row(batch, index) else f"column {column}: invalid value {value!r}"
+            what = "empty line" if _is_empty_row(batch, index) else f"column {column}: invalid value {_shown(value)}"
             raise FormatError(f"{path}:{lines_before + index + 1}: {what}")
 
 

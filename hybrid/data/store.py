@@ -329,6 +329,24 @@ class BatchStore:
             f"{self.table_names[table]}, outside [0, {cardinalities[table]}) of meta.json; the store is "
             f"corrupt or meta.json does not belong to it: rebuild it with 'hybrid preprocess' or 'hybrid synth'")
 
+    def check_values(self, chunk_rows: int = 1 << 16) -> None:
+        """Raise unless every label is 0 or 1 and every dense feature is finite (reads both files once).
+
+        A NaN or a 2 in the labels, or an inf in the dense features, would
+        not fail anything: the loss would turn NaN, or the model would fit
+        nonsense, many iterations later and without a word.
+        """
+        for name, array, bad in (("labels", self._labels, lambda x: (x != 0) & (x != 1)),
+                                 ("dense", self._dense, lambda x: ~np.isfinite(x))):
+            for begin in range(0, len(array), chunk_rows):
+                wrong = np.flatnonzero(bad(np.asarray(array[begin:begin + chunk_rows])).reshape(
+                    min(chunk_rows, len(array) - begin), -1).any(axis=1))
+                if len(wrong):
+                    sample = begin + int(wrong[0])
+                    what = "a label that is not 0 or 1" if name == "labels" else "a dense feature that is not finite"
+                    raise StoreError(f"{self.path / (name + '.npy')}: sample {sample} has {what} "
+                                     f"({array[sample]!r}); fix the input and rebuild the store")
+
     def verify(self) -> None:
         """Recompute the checksums; raise if the arrays changed since writing."""
         for name in _ARRAYS:

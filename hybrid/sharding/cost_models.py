@@ -420,7 +420,9 @@ class CostModels:
         except FileNotFoundError:
             raise
         except Exception as exc:  # torch raises several types for files that are not its own
-            raise ValueError(f"{path} is not a cost-model file ({type(exc).__name__}: {exc})") from None
+            # without torch's text: its advice (load with weights_only=False) would run the file's code
+            raise ValueError(f"{path} is not a cost-model file (torch.load: {type(exc).__name__}); make one with "
+                             f"'hybrid shard-costs train'") from None
         if not (isinstance(saved, dict) and saved.get("format") == _FORMAT):
             raise ValueError(f"{path} is not a cost-model file (no {_FORMAT!r} format marker)")
         serving, comm = ServingCostModel(), CommCostModel()

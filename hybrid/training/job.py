@@ -39,6 +39,7 @@ def _open_stores(config: Config) -> tuple[Optional[BatchStore], Optional[BatchSt
         train = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
         test = BatchStore(config.data.path, split="test", test_fraction=config.data.test_fraction)
         train.check_ids()  # both splits: the whole sparse.npy
+        train.check_values()  # and the whole labels.npy and dense.npy
         return train, test, train.fingerprint
     except StoreError as err:
         return None, None, f"unreadable ({err})"

@@ -58,23 +58,34 @@ def _final_model(checkpoint: Path):
     return files.read(np.arange(plan.n_rows)), torch.load(checkpoint / "dense.pt", weights_only=True)["model"]
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
-def first_run(request, tmp_path_factory):
-    """A store and a 4 + 2 run of FIRST iterations of case ``param`` that checkpointed its end."""
+@pytest.fixture(scope="module")
+def first_runs(tmp_path_factory):
+    """``first_runs(case)``: a store and a 4 + 2 run of FIRST iterations of the case that checkpointed its end
+    (made once per case)."""
     from hybrid.data.synthetic import synthesize
 
-    root = tmp_path_factory.mktemp(f"elastic-{request.param}")
-    synthesize(root / "store", like="criteo-kaggle", rows=4000, scale=0.001, seed=6)
-    result = _hybrid_train(root / "store", root / "checkpoints", 4, 2, FIRST, request.param)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert [p.name for p in (root / "checkpoints").iterdir()] == [f"step-{FIRST - 1:09d}"]
-    return root, request.param
+    made = {}
+
+    def first_run(case: str) -> tuple[Path, str]:
+        if case not in made:
+            root = tmp_path_factory.mktemp(f"elastic-{case}")
+            synthesize(root / "store", like="criteo-kaggle", rows=4000, scale=0.001, seed=6)
+            result = _hybrid_train(root / "store", root / "checkpoints", 4, 2, FIRST, case)
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert [p.name for p in (root / "checkpoints").iterdir()] == [f"step-{FIRST - 1:09d}"]
+            made[case] = root, case
+        return made[case]
+
+    return first_run
 
 
-@pytest.mark.parametrize("workers,ps", [(2, 1), (3, 3), (4, 2)], ids=["2+1", "3+3", "same-shape"])
+# every shape for the modes; row-wise Adagrad's state re-sharded once (the suite's time is counted)
+@pytest.mark.parametrize("case,workers,ps", [
+    ("vanilla", 2, 1), ("vanilla", 3, 3), ("vanilla", 4, 2), ("herald", 2, 1), ("herald", 3, 3), ("herald", 4, 2),
+    ("herald-rowwise-adagrad", 2, 1)], ids=lambda v: str(v))
 def test_a_run_resumed_on_another_shape_for_more_iterations_equals_the_uninterrupted_reference(
-        first_run, tmp_path, workers, ps):
-    root, mode = first_run
+        first_runs, tmp_path, case, workers, ps):
+    root, mode = first_runs(case)
     checkpoints = tmp_path / "checkpoints"
     shutil.copytree(root / "checkpoints", checkpoints)
     result = _hybrid_train(root / "store", checkpoints, workers, ps, TOTAL, mode, "--resume")
@@ -96,8 +107,8 @@ def test_a_run_resumed_on_another_shape_for_more_iterations_equals_the_uninterru
         assert np.abs(dense[name].numpy() - want.numpy()).max() < 1e-9, name
 
 
-def test_a_resume_that_changes_the_global_batch_says_which_batch_per_worker_keeps_it(first_run, tmp_path):
-    root, mode = first_run
+def test_a_resume_that_changes_the_global_batch_says_which_batch_per_worker_keeps_it(first_runs, tmp_path):
+    root, mode = first_runs("vanilla")
     checkpoints = tmp_path / "checkpoints"
     shutil.copytree(root / "checkpoints", checkpoints)
     result = _hybrid_train(root / "store", checkpoints, 2, 1, TOTAL, mode, "--resume", "train.batch_per_worker=8")
