@@ -343,9 +343,12 @@ class BatchStore:
                     min(chunk_rows, len(array) - begin), -1).any(axis=1))
                 if len(wrong):
                     sample = begin + int(wrong[0])
-                    what = "a label that is not 0 or 1" if name == "labels" else "a dense feature that is not finite"
-                    raise StoreError(f"{self.path / (name + '.npy')}: sample {sample} has {what} "
-                                     f"({array[sample]!r}); fix the input and rebuild the store")
+                    values = np.atleast_1d(np.asarray(array[sample]))
+                    column = int(np.flatnonzero(bad(values))[0])
+                    what = (f"a label that is not 0 or 1 ({values[column].item()})" if name == "labels" else
+                            f"a dense feature that is not finite (feature {column}: {values[column].item()})")
+                    raise StoreError(f"{self.path / (name + '.npy')}: sample {sample} has {what}; fix the input "
+                                     f"and rebuild the store")
 
     def verify(self) -> None:
         """Recompute the checksums; raise if the arrays changed since writing."""
