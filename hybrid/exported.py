@@ -38,8 +38,10 @@ class ExportedModel(nn.Module):
     ``hybrid preprocess`` made them), not global rows.
     """
 
-    def __init__(self, model: nn.Module, embeddings: torch.Tensor, table_offsets: torch.Tensor):
+    def __init__(self, model: nn.Module, embeddings: torch.Tensor, table_offsets: torch.Tensor,
+                 config: dict | None = None):
         super().__init__()
+        self.config = config or {}  # the config the run trained with (e.g. its data.test_fraction)
         self.model = model
         self.embeddings = nn.Embedding.from_pretrained(embeddings, freeze=True)
         self.register_buffer("table_offsets", table_offsets.to(torch.int64))
@@ -71,7 +73,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool 
     model = build_model(settings, n_dense=saved["n_dense"], n_tables=len(saved["table_offsets"]),
                         seed=saved["config"]["seed"])
     model.load_state_dict(saved["model"])
-    return ExportedModel(model, saved["embeddings"], saved["table_offsets"]).eval()
+    return ExportedModel(model, saved["embeddings"], saved["table_offsets"], saved["config"]).eval()
 
 
 def auc_and_logloss(labels: np.ndarray, probabilities: np.ndarray) -> dict:

@@ -19,17 +19,15 @@ def cmd_export(args) -> int:
 
 def cmd_evaluate(args) -> int:
     """AUC and log loss of an exported model on a store's test split (or all of it)."""
-    import torch
-
     from hybrid.data.store import BatchStore
     from hybrid.exported import evaluate, load
 
-    saved = torch.load(args.model, map_location="cpu", weights_only=True, mmap=True)
-    fraction = saved["config"]["data"]["test_fraction"] if args.test_fraction is None else args.test_fraction
+    model = load(args.model)
+    fraction = model.config["data"]["test_fraction"] if args.test_fraction is None else args.test_fraction
     split = "test" if fraction > 0 else "all"
     store = BatchStore(args.store, split=split, test_fraction=fraction)
     say(f"evaluating {args.model} on the {split} split of {args.store}")
-    result = evaluate(load(args.model), store, limit=args.limit)
+    result = evaluate(model, store, limit=args.limit)
     print(f"{Path(args.model).name}: test AUC {result['auc']:.6f}, log loss {result['logloss']:.6f} on "
           f"{result['samples']} samples", file=text_out(args))
     if args.json:
