@@ -262,9 +262,11 @@ RUN_ONLY_KEYS = ("train.checkpoint_every", "train.checkpoint_keep", "train.check
 
 # Keys a resumed run may change without changing what BSP trains, as long as the global batch
 # (workers x batch per worker) stays: the cluster's shape (the PS rows are re-sharded, the
-# scheduler starts cold) and the run's length (a run is continued for more iterations).
+# scheduler starts cold), its caches (fewer workers need larger ones; only the schedule changes)
+# and the run's length (a run is continued for more iterations). Modes whose caches change
+# values (HET) write no checkpoints.
 RESHAPE_KEYS = ("cluster.workers", "cluster.ps", "cluster.shard_plan", "train.batch_per_worker",
-                "train.iterations")
+                "train.iterations", "cache.ratio", "cache.policy")
 
 
 def flatten(values: dict, prefix: str = "") -> dict:

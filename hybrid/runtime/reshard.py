@@ -85,17 +85,26 @@ def saved_shape(meta: dict) -> tuple[int, int]:
     return int(cluster.get("workers", 0)), int(cluster.get("ps", 0))
 
 
-def keeps_schedule(meta: dict, workers: int, plan: ShardPlan) -> bool:
-    """Whether a resumed run continues the checkpoint's schedule (its scheduler state and caches).
+def cold_start(meta: dict, workers: int, plan: ShardPlan, cache: dict) -> Optional[str]:
+    """Why a resumed run cannot continue the checkpoint's schedule (its scheduler state and caches), or None.
 
-    Only on the cluster that wrote it (the same workers, PS ranks and
-    layout), and not from the last iteration of a run, after which its
-    scheduler planned no next batch (a run continued for more iterations).
-    Otherwise the scheduler starts cold from the checkpoint's tables, which
-    hold every row's latest value (dirty rows were copied to the PS before
-    it was written), so BSP trains the same model either way.
+    It continues only on the cluster that wrote it (the same workers, PS
+    ranks, layout and caches: ``cache`` is the run's ``cache`` section), and
+    not from the last iteration of a run, after which its scheduler planned
+    no next batch (a run continued for more iterations). Otherwise the
+    scheduler starts cold from the checkpoint's tables, which hold every
+    row's latest value (dirty rows were copied to the PS before it was
+    written), so BSP trains the same model either way.
     """
-    return saved_shape(meta) == (workers, plan.n_shards) and same_layout(meta, plan) and not meta.get("ends_run")
+    saved_workers, saved_ps = saved_shape(meta)
+    if (saved_workers, saved_ps) != (workers, plan.n_shards) or not same_layout(meta, plan):
+        return (f"it was written by {saved_workers} workers + {saved_ps} PS; on {workers} + {plan.n_shards} "
+                f"(plan {plan.fingerprint}) the PS rows are re-sharded and the scheduler starts cold")
+    if meta.get("config", {}).get("cache", cache) != cache:
+        return "its cache settings differ from this run's: the scheduler starts cold from its tables"
+    if meta.get("ends_run"):
+        return "it ended its run: the scheduler starts cold from its tables"
+    return None
 
 
 def files_to_verify(meta: dict, plan: ShardPlan, index: int) -> list[str]:

@@ -27,7 +27,7 @@ from hybrid.runtime import checkpoint as ckpt
 from hybrid.runtime.comm import check_agreement, split_roles
 from hybrid.runtime.link_counters import difference, link_bytes
 from hybrid.runtime.preemption import StopRequest
-from hybrid.runtime.reshard import checkpoint_plan, files_to_verify, keeps_schedule, same_layout, saved_shape
+from hybrid.runtime.reshard import checkpoint_plan, cold_start, files_to_verify, same_layout
 from hybrid.runtime.shard_plan import ShardPlan, ShardPlanError
 from hybrid.scheduling.event_kinds import ALLREDUCE_KINDS, UPDATE_KINDS
 from hybrid.training.loop import STAGES, HybridTrainer
@@ -142,21 +142,18 @@ def _resume_point(config: Config, roles, fingerprint: str, plan: ShardPlan) -> O
                 checkpoint_plan(candidate.meta, plan.n_rows)  # its layout is known, or it cannot be re-sharded
             except ShardPlanError as err:
                 raise ckpt.CheckpointError(f"{candidate.path}: {err}") from None
+        cold = cold_start(candidate.meta, roles.n_workers, plan, config.to_dict()["cache"])
         if roles.is_ps:
             mine = files_to_verify(candidate.meta, plan, roles.ps_ranks.index(roles.rank))
         else:
-            mine = ["dense.pt"] + (["scheduler.npz"] if keeps_schedule(candidate.meta, roles.n_workers, plan) else [])
+            mine = ["dense.pt"] + (["scheduler.npz"] if cold is None else [])
         problems = sorted({p for p in roles.world.allgather(ckpt.verify(candidate, mine)) if p})
         if not problems:
             if skipped:
                 _say(roles, f"skipped damaged checkpoint(s): {'; '.join(skipped)}")
             _say(roles, f"resuming from {candidate.path} (after iteration {candidate.step})")
-            workers, ps = saved_shape(candidate.meta)
-            if not same_layout(candidate.meta, plan) or workers != roles.n_workers:
-                _say(roles, f"it was written by {workers} workers + {ps} PS; on {roles.n_workers} + {plan.n_shards} "
-                            f"(plan {plan.fingerprint}) the PS rows are re-sharded and the scheduler starts cold")
-            elif not keeps_schedule(candidate.meta, roles.n_workers, plan):
-                _say(roles, "it ended its run: the scheduler starts cold from its tables")
+            if cold is not None:
+                _say(roles, cold)
             return candidate
         skipped.append(f"{candidate.path.name}: {', '.join(problems)}")
     raise ckpt.CheckpointError(f"no usable checkpoint in {directory.root}: {'; '.join(skipped)}")

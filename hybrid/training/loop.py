@@ -70,7 +70,7 @@ from hybrid.runtime import checkpoint as ckpt
 from hybrid.runtime.comm import Roles, init_horovod
 from hybrid.runtime.embedding_init import fill_initial_runs
 from hybrid.runtime.preemption import StopRequest
-from hybrid.runtime.reshard import ShardFiles, checkpoint_plan, keeps_schedule, same_layout
+from hybrid.runtime.reshard import ShardFiles, checkpoint_plan, cold_start, same_layout
 from hybrid.runtime.rma_store import EmbeddingStore, Handle
 from hybrid.runtime.shard_plan import ShardPlan
 from hybrid.runtime.watchdog import Watchdog
@@ -178,7 +178,7 @@ class HybridTrainer:
             dense = torch.load(resume.file("dense.pt"), map_location=self.device, weights_only=True)
             self.model.load_state_dict(dense["model"])
             self.optimizer.load_state_dict(dense["optimizer"])
-            if keeps_schedule(resume.meta, roles.n_workers, self.table.plan):
+            if cold_start(resume.meta, roles.n_workers, self.table.plan, config.to_dict()["cache"]) is None:
                 self.resume_arrays = ckpt.read_arrays(resume.file("scheduler.npz"))
         self.startup_seconds = time.perf_counter() - start
 

@@ -95,7 +95,7 @@ def test_a_checkpoint_resumes_on_another_cluster_shape_and_length_only_with_its_
                                 "train.iterations=10"])
     checkpoint = ckpt.Checkpoint(tmp_path, ckpt.metadata(step=9, training=config.training_dict(), fingerprint="abc",
                                                          files={}, extra={}))
-    for shape in (["cluster.workers=2", "cluster.ps=1", "train.batch_per_worker=16"],
+    for shape in (["cluster.workers=2", "cluster.ps=1", "train.batch_per_worker=16", "cache.ratio=0.3"],
                   ["cluster.workers=8", "cluster.ps=3", "train.batch_per_worker=4", "train.iterations=40"]):
         assert ckpt.mismatch(checkpoint, load_config(None, shape).training_dict(), "abc") is None, shape
     kept = load_config(None, ["cluster.workers=2", "cluster.ps=1", "train.batch_per_worker=8"])

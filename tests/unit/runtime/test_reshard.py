@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybrid.runtime import checkpoint as ckpt
-from hybrid.runtime.reshard import ShardFiles, checkpoint_plan, files_to_verify, keeps_schedule, same_layout
+from hybrid.runtime.reshard import ShardFiles, checkpoint_plan, cold_start, files_to_verify, same_layout
 from hybrid.runtime.shard_plan import Columns, ShardPlan, ShardPlanError
 from hybrid.sharding.planners import make_plan
 
@@ -70,11 +70,14 @@ def test_the_checkpoints_plan_is_its_stored_layout_or_the_default_ranges_of_its_
 
 def test_the_schedule_continues_only_on_the_cluster_that_wrote_it():
     plan = ShardPlan.contiguous(sum(TABLES), 2)
-    meta = {"config": {"cluster": {"workers": 4, "ps": 2}}, "shard_plan": plan.fingerprint}
-    assert same_layout(meta, plan) and keeps_schedule(meta, 4, plan)
-    assert not keeps_schedule(meta, 2, plan)
+    cache = {"ratio": 0.1, "policy": "lru"}
+    meta = {"config": {"cluster": {"workers": 4, "ps": 2}, "cache": cache}, "shard_plan": plan.fingerprint}
+    assert same_layout(meta, plan) and cold_start(meta, 4, plan, cache) is None
+    assert "written by 4 workers + 2 PS; on 2 + 2" in cold_start(meta, 2, plan, cache)
+    assert "cache settings differ" in cold_start(meta, 4, plan, {"ratio": 0.2, "policy": "lru"})
+    assert "ended its run" in cold_start({**meta, "ends_run": True}, 4, plan, cache)
     other = ShardPlan.contiguous(sum(TABLES), 3)
-    assert not same_layout(meta, other) and not keeps_schedule(meta, 4, other)
+    assert not same_layout(meta, other) and "re-sharded" in cold_start(meta, 4, other, cache)
     assert files_to_verify(meta, plan, 1) == ["ps-1.npy"]
     meta5 = {"config": {"cluster": {"workers": 4, "ps": 5}}, "shard_plan": "x"}
     assert [files_to_verify(meta5, plan, i) for i in (0, 1)] == [["ps-0.npy", "ps-2.npy", "ps-4.npy"],
