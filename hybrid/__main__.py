@@ -1,6 +1,10 @@
 """``python -m hybrid``: the same as the ``hybrid`` console script."""
 import sys
 
-from hybrid.cli import main
+try:
+    from hybrid.cli import main
+except KeyboardInterrupt:  # Ctrl-C (or a signal to an MPI rank) while the command loads: nothing was done yet
+    print("hybrid: interrupted while starting", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

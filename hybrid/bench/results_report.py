@@ -56,8 +56,16 @@ def replace_section(text: str, body: str) -> str:
 
 
 def write(results_dir: Path, readme: Path) -> bool:
-    """Rewrite the generated section of the page ``readme`` (docs/results.md); whether the file changed."""
+    """Rewrite the generated section of the page ``readme`` (docs/results.md); whether the file changed.
+
+    A directory with no suite's results is refused: it would replace every
+    table on the page with "not run yet" (a mistyped ``--out``, say).
+    """
     text = readme.read_text()
+    replace_section(text, "")  # the page has its markers
+    if not any((Path(results_dir) / f"{name}.json").is_file() for name in SUITES):
+        raise ValueError(f"{results_dir}: no suite results ({', '.join(f'{n}.json' for n in SUITES)}); give --out "
+                         f"the directory a suite wrote, or run one first (hybrid bench all --out {results_dir})")
     updated = replace_section(text, section(Path(results_dir), Path(readme)))
     if updated != text:
         readme.write_text(updated)

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     """Run ``hybrid ARGV``.
 
     The exit status: 0; ``EXIT_FAILURE`` for an error a user can fix (one
-    line, no traceback); 130 for a store writer that was interrupted.
+    line, no traceback); 130 for an interrupted command (a store writer leaves no partial store).
     """
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -79,10 +79,8 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except KeyboardInterrupt as err:
-        if args.command not in _STORE_WRITERS:
-            raise
-        print(f"hybrid {args.command}: interrupted ({err or 'Ctrl-C'}); no partial store was left behind",
-              file=sys.stderr)
+        left = "; no partial store was left behind" if args.command in _STORE_WRITERS else ""
+        print(f"hybrid {args.command}: interrupted ({str(err) or 'Ctrl-C'}){left}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader (e.g. `| head`) went away: not our error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

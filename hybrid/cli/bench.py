@@ -92,7 +92,7 @@ def cmd_bench_e2e(args) -> int:
         print(f"hybrid bench e2e: cannot run here: {err}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt as err:
-        print(f"hybrid bench e2e: interrupted ({err or 'Ctrl-C'}); the runs were stopped and the emulated "
+        print(f"hybrid bench e2e: interrupted ({str(err) or 'Ctrl-C'}); the runs were stopped and the emulated "
               f"hosts removed", file=sys.stderr)
         return 130
     stem = Path(args.out) / f"e2e-{shape.label()}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -252,7 +252,16 @@ def _validate(batch: pa.RecordBatch, fmt: Format, path: Path, lines_before: int)
             index = pc.index(ok, False).as_py()
             value = values[index].as_py()
             what = "empty line" if _is_empty_row(batch, index) else f"column {column}: invalid value {_shown(value)}"
+            if lines_before + index == 0 and not fmt.header and _is_words(batch, 0):
+                what += (f" (a header line? {fmt.name} files have none: remove it, e.g. with "
+                         f"'tail -n +2 {path.name} > {path.stem}-noheader{path.suffix}')")
             raise FormatError(f"{path}:{lines_before + index + 1}: {what}")
+
+
+def _is_words(batch: pa.RecordBatch, index: int) -> bool:
+    """Whether row ``index`` holds only names (a header), not the numbers and hashes of data lines."""
+    fields = [batch.column(i)[index].as_py() for i in range(batch.num_columns)]
+    return all(f and f[0].isalpha() and f.replace("_", "").isalnum() for f in fields)
 
 
 def _is_empty_row(batch: pa.RecordBatch, index: int) -> bool:

@@ -77,9 +77,13 @@ class StoreWriter:
         self._hashers = {name: hashlib.blake2b(digest_size=16) for name in _ARRAYS}
 
     def __enter__(self) -> "StoreWriter":
-        if self.tmp_dir.exists():
-            shutil.rmtree(self.tmp_dir)
-        self.tmp_dir.mkdir(parents=True)
+        try:
+            if self.tmp_dir.exists():
+                shutil.rmtree(self.tmp_dir)
+            self.tmp_dir.mkdir(parents=True)
+        except OSError as err:
+            raise StoreError(f"cannot create the store {self.out_dir}: {err.strerror or err} "
+                             f"({self.tmp_dir.parent}); choose a writable directory") from None
         open_memmap = np.lib.format.open_memmap
         n, t = self.n_samples, len(self.table_names)
         self.sparse = open_memmap(self.tmp_dir / "sparse.npy", "w+", np.int32, (n, t))

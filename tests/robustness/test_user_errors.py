@@ -57,6 +57,7 @@ def inputs(tmp_path_factory):
     (root / "huge-field.txt").write_text("\t".join(["1"] + ["1"] * 13 + ["x" * 1_000_000] + ["a"] * 25) + "\n")
     (root / "crlf-no-final-newline.txt").write_bytes(((line + "\r\n") * 5 + line).encode())
     (root / "movielens-text.data").write_text("1\t2\t5\t100\n3\tabc\t4\t101\n")
+    (root / "movielens-header.data").write_text("user_id\titem_id\trating\ttimestamp\n1\t2\t5\t100\n")
     (root / "evil.yaml").write_text(f'name: x\nseed: !!python/object/apply:os.system ["touch {root}/pwned"]\n')
     (root / "broken.yaml").write_text("name: [unclosed\n")
     (root / "typo.yaml").write_text("train:\n  embeding_lr: 3\n")
@@ -150,6 +151,8 @@ PREPROCESS = {
     "huge-field.txt": ("criteo", "... (1000000 characters)"),
     "movielens-text.data": ("movielens", "movielens-text.data:2: column item: invalid value 'abc'"),
     "crlf-no-final-newline.txt": ("avazu", "expected the header 'id,click,hour,"),
+    "movielens-header.data": ("movielens", "movielens-header.data:1: column rating: invalid value 'rating' (a header "
+                                           "line? movielens files have none: remove it"),
 }
 
 
@@ -177,6 +180,44 @@ def test_a_cost_model_that_is_not_one_is_refused_without_torchs_unsafe_advice(st
     assert not (tmp_path / "plan.json").exists()
     assert "weights_only" not in _run("plan-shards", SMOKE, f"data.path={stores / 'good'}", "--planner",
                                       "neuroshard", "--cost-model", str(inputs / model))[2]
+
+
+ENTRY_POINTS = {
+    "a store where none can be written": (("synth", "--like", "criteo-kaggle", "--rows", "10", "--out",
+                                           "/proc/store"), "cannot create the store /proc/store: "),
+    "a results directory with no results": (("bench", "report", "--out", "{tmp}/typo", "--readme", "{tmp}/page.md"),
+                                            "typo: no suite results"),
+    "cost data that is not": (("shard-costs", "train", "{inputs}/short.txt"), "short.txt: not sharding cost data"),
+    "a bench that needs mpirun": (("bench", "ps"), "needs 2 ranks (a worker and a PS): launch/mpirun.sh -n 2"),
+    "sharding costs without mpirun": (("shard-costs", "collect"), "needs 1 worker + at least 2 PS ranks"),
+    "a summary that is not there": (("compare", "{tmp}/none.json"), "none.json: not a training summary"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENTRY_POINTS))
+def test_the_other_entry_points_refuse_in_one_line_and_write_nothing(inputs, tmp_path, case):
+    from hybrid.bench.results_report import BEGIN, END
+
+    page = f"{BEGIN}\ntables\n{END}\n"
+    (tmp_path / "page.md").write_text(page)
+    args, message = ENTRY_POINTS[case]
+    _assert_refused(tuple(a.format(tmp=tmp_path, inputs=inputs) for a in args), message)
+    assert (tmp_path / "page.md").read_text() == page and sorted(p.name for p in tmp_path.iterdir()) == ["page.md"]
+
+
+@pytest.mark.parametrize("args,message", [
+    ((), "usage: launch/train.sh"),
+    (("configs/nothing.yaml",), "config file configs/nothing.yaml does not exist"),
+    (("configs/w1-smoke.yaml", "train.lrr=1"), "override train.lrr: Key 'lrr' not in 'TrainConfig'"),
+    (("--bogus", "configs/w1-smoke.yaml"), "launch/train.sh: unknown option --bogus (see --help)"),
+    (("--workers-on", "a:1", "configs/w1-smoke.yaml"), "give both --workers-on and --ps-on"),
+], ids=["no config", "missing config", "unknown key", "unknown option", "half a host layout"])
+def test_the_launcher_refuses_before_starting_any_rank(args, message):
+    start = time.monotonic()
+    result = subprocess.run(["bash", "launch/train.sh", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode in (1, 2) and message in output, output
+    assert "mpirun" not in output and "Traceback" not in output and time.monotonic() - start < 30, output
 
 
 def test_evaluating_a_missing_model_is_one_line(stores, tmp_path):

@@ -120,6 +120,15 @@ def test_report_refuses_a_readme_without_markers(tmp_path, capsys):
     assert "marker" in capsys.readouterr().err and readme.read_text() == "# no markers\n"
 
 
+def test_report_refuses_a_directory_without_results_and_leaves_the_page(tmp_path, capsys):
+    """A mistyped --out would otherwise replace every table on the page with "not run yet"."""
+    readme = tmp_path / "results.md"
+    page = f"# results\n{results_report.BEGIN}\nthe tables\n{results_report.END}\n"
+    readme.write_text(page)
+    assert main(["bench", "report", "--out", str(tmp_path / "typo"), "--readme", str(readme)]) == 1
+    assert "typo: no suite results (transmissions.json" in capsys.readouterr().err and readme.read_text() == page
+
+
 def test_scheduler_bench_reports_every_stage_as_medians(capsys, tmp_path):
     assert main(["bench", "scheduler", "--workers", "2", "--threads", "1", "--iterations", "3",
                  "--batch-per-worker", "8", "--scale", "0.001", "--repeats", "2", "--out", str(tmp_path),

@@ -117,6 +117,17 @@ def test_sigterm_while_writing_a_store_leaves_nothing_behind(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ctrl_c_in_any_command_is_one_line_and_exit_130(monkeypatch, capsys):
+    from hybrid.cli import simulate
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(simulate, "cmd_simulate", interrupted)
+    assert main(["simulate", "--config", "configs/w1-smoke.yaml"]) == 130
+    assert capsys.readouterr().err == "hybrid simulate: interrupted (Ctrl-C)\n"
+
+
 def test_the_cli_and_the_scheduler_do_not_start_mpi_on_import():
     """A process that imported MPI is an MPI singleton: an mpirun it starts (bench train) fails at once."""
     code = ("import sys, hybrid.cli, hybrid.scheduling.scheduler, hybrid.training.simulator, hybrid.bench.train_bench, "
