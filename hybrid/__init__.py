@@ -6,7 +6,8 @@ list, never from one below (``tests/unit/test_layout.py`` checks it):
 - ``hybrid._ext``: the Cython kernels (cluster state, LAIA, hashing, row routing).
 - ``hybrid.counter_hash``: counter-based hashing, the only randomness ranks share.
 - ``hybrid.data``: the sample store, public formats, synthetic data, fetching.
-- ``hybrid.config``, ``hybrid.models``: the typed config; the dense models.
+- ``hybrid.config``, ``hybrid.torch_files``, ``hybrid.models``: the typed config; reading torch files
+  without running their code; the dense models.
 - ``hybrid.embedding_optimizer``: how a row's summed gradient updates it (SGD, row-wise Adagrad).
 - ``hybrid.exported``: a trained model taken out of the cluster (one file, no MPI).
 - ``hybrid.scheduling``: allocation, the cluster state's plans, the scheduler

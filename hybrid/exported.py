@@ -24,6 +24,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from hybrid import torch_files
 from hybrid.config import ModelConfig
 from hybrid.data.store import BatchStore
 from hybrid.models import build_model
@@ -66,7 +67,8 @@ def save(path: str | Path, *, config: dict, model_state: dict, embeddings: np.nd
 
 def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = True) -> ExportedModel:
     """The model of an export, in eval mode; with ``mmap`` the tables stay on disk until rows are read."""
-    saved = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    saved = torch_files.load(path, what="a model written by hybrid export", remedy="export one with 'hybrid export'",
+                             map_location=map_location, mmap=mmap)
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
         raise ValueError(f"{path}: not a model written by hybrid export (format {FORMAT})")
     settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), saved["config"]["model"]))

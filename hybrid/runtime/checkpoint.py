@@ -16,6 +16,7 @@ file work; which rank writes what, and when, is the trainer's (section 13).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -71,11 +72,15 @@ class CheckpointDir:
         return self.root / f".tmp-step-{step:09d}"
 
     def staging(self, step: int) -> Path:
-        """An empty :meth:`staging_path` (a leftover of a crashed attempt is removed)."""
+        """An empty :meth:`staging_path`; leftovers of crashed attempts (any step) are removed.
+
+        One run writes into a checkpoint directory at a time, so any other
+        staging directory is a failed attempt's, taking space a disk may lack.
+        """
         path = self.staging_path(step)
         try:
-            if path.exists():
-                shutil.rmtree(path)
+            for leftover in self.root.glob(".tmp-step-*") if self.root.is_dir() else ():
+                shutil.rmtree(leftover)
             path.mkdir(parents=True)
         except OSError as err:
             raise CheckpointError(f"cannot create checkpoint directory {path}: {err}; "
@@ -85,11 +90,14 @@ class CheckpointDir:
     def commit(self, staging: Path, meta: dict) -> Checkpoint:
         """Write ``meta.json`` last and rename ``staging`` to ``step-<t>``; then keep the newest ``keep``."""
         final = self.root / f"step-{int(meta['step']):09d}"
-        _write_synced(staging / META, (json.dumps(meta, indent=2) + "\n").encode())
+        with writing(staging / META):
+            _write_synced(staging / META, (json.dumps(meta, indent=2) + "\n").encode())
+        replaced = self.root / f".old-{final.name}"
         if final.exists():  # the same step saved again (e.g. a resumed run stopped at once)
-            shutil.rmtree(final)
+            os.rename(final, replaced)  # not deleted before the new one is in place
         os.rename(staging, final)
         _sync_directory(self.root)
+        shutil.rmtree(replaced, ignore_errors=True)
         for old in self.complete()[self.keep:]:
             shutil.rmtree(old.path, ignore_errors=True)
         return Checkpoint(final, meta)
@@ -132,6 +140,42 @@ def file_record(path: Path) -> dict:
     return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
+def room_problem(root: Path, need_bytes: int) -> Optional[str]:
+    """Why checkpoints of ``need_bytes`` cannot be written under ``root``, or None; creates nothing.
+
+    Asked at start-up, so that a read-only or full disk stops the run in
+    seconds rather than at its first checkpoint, hours later.
+    """
+    existing = Path(root)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):  # also false on a read-only filesystem, even for root
+        return f"{existing} is not writable"
+    free = shutil.disk_usage(existing).free
+    if free < need_bytes:
+        return f"{existing} has {free / 2**20:.1f} MB free, and a checkpoint takes at least {need_bytes / 2**20:.1f} MB"
+    return None
+
+
+@contextlib.contextmanager
+def writing(path: Path):
+    """A checkpoint file's write: on a full or read-only disk, remove the partial file and say what to do.
+
+    The previous checkpoints stay as they are (a new one is committed only
+    once complete), so the message can promise that.
+    """
+    try:
+        yield
+    except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0]
+        raise CheckpointError(f"cannot write {path}: {reason}; the previous checkpoints are intact: free space "
+                              f"or set train.checkpoint_dir elsewhere (and copy them there), then --resume") from None
+
+
 def write_rows(path: Path, rows: np.ndarray) -> dict:
     """Write ``rows`` (a 2-D array, e.g. a PS shard in window memory) as ``.npy`` in chunks; its record.
 
@@ -144,7 +188,7 @@ def write_rows(path: Path, rows: np.ndarray) -> dict:
     per_chunk = max(1, CHUNK_BYTES // max(1, rows.strides[0]))
     prefix = io.BytesIO()
     np.lib.format.write_array_header_1_0(prefix, header)
-    with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
+    with writing(path), open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
         f.write(prefix.getvalue())
         digest.update(prefix.getvalue())
         for begin in range(0, len(rows), per_chunk):
@@ -186,7 +230,7 @@ def read_rows_into(path: Path, out: np.ndarray) -> None:
 
 def write_arrays(path: Path, arrays: dict) -> dict:
     """Save named arrays as ``.npz`` (no pickled objects); its record."""
-    with open(path, "wb") as f:
+    with writing(path), open(path, "wb") as f:
         np.savez(f, **arrays)
         f.flush()
         os.fsync(f.fileno())

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from hybrid import torch_files
+
 N_BINS = 17
 """Access-count histogram bins: [2**k, 2**(k+1)) for k = 0..15, then >= 2**16."""
 
@@ -415,14 +417,8 @@ class CostModels:
     @classmethod
     def load(cls, path) -> CostModels:
         """Read a file written by :meth:`save`; ValueError for any other file (FileNotFoundError if none)."""
-        try:
-            saved = torch.load(path, weights_only=True, map_location="cpu")
-        except FileNotFoundError:
-            raise
-        except Exception as exc:  # torch raises several types for files that are not its own
-            # without torch's text: its advice (load with weights_only=False) would run the file's code
-            raise ValueError(f"{path} is not a cost-model file (torch.load: {type(exc).__name__}); make one with "
-                             f"'hybrid shard-costs train'") from None
+        saved = torch_files.load(path, what="a cost-model file", remedy="make one with 'hybrid shard-costs train'",
+                                 map_location="cpu")
         if not (isinstance(saved, dict) and saved.get("format") == _FORMAT):
             raise ValueError(f"{path} is not a cost-model file (no {_FORMAT!r} format marker)")
         serving, comm = ServingCostModel(), CommCostModel()

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
-from hybrid import exported
+from hybrid import exported, torch_files
 from hybrid.data.store import BatchStore
 from hybrid.runtime import checkpoint as ckpt
 from hybrid.runtime.reshard import CHUNK_VALUES, ShardFiles, checkpoint_plan
@@ -65,7 +64,9 @@ def export_checkpoint(source: str | Path, out: str | Path, progress: bool = True
             end = min(plan.n_rows, begin + chunk)
             table[begin:end] = files.read(np.arange(begin, end, dtype=np.int64))[:, :dim]
             bar.update(end - begin)
-    dense = torch.load(checkpoint.file("dense.pt"), map_location="cpu", weights_only=True)["model"]
+    dense = torch_files.load(checkpoint.file("dense.pt"), what="a checkpoint's MLP file",
+                             remedy="export an earlier checkpoint",
+                             map_location="cpu")["model"]
     offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64)
     exported.save(out, config=meta["config"], model_state=dense, embeddings=table, table_offsets=offsets,
                   n_dense=n_dense, step=checkpoint.step)

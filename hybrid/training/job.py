@@ -79,6 +79,8 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
     if iterations > train.num_batches(config.global_batch):
         raise ValueError(f"train.iterations={iterations} exceeds the {train.num_batches(config.global_batch)} "
                          f"global batches of {config.global_batch} in {config.data.path}")
+    if config.train.checkpoint_every:
+        _check_checkpoint_room(config, roles, plan.n_rows * config.row_bytes)
     checkpoint = _resume_point(config, roles, fingerprint, plan) if resume else None
     if checkpoint is not None and checkpoint.step + 1 >= iterations:
         _say(roles, f"{checkpoint.path} is the end of this run (iteration {checkpoint.step}); nothing to resume")
@@ -110,6 +112,19 @@ def _shard_plan(config: Config, n_rows: int) -> tuple[Optional[ShardPlan], str]:
                       f"train.embedding_optimizer={config.train.embedding_optimizer.value} keeps state beside "
                       f"each whole row; use a plan of whole rows")
     return plan, plan.fingerprint
+
+
+def _check_checkpoint_room(config: Config, roles, table_bytes: int) -> None:
+    """Every rank can write into ``train.checkpoint_dir``, with room for the tables (collective).
+
+    Each rank asks its own view of the directory (PS ranks on other hosts
+    write there too); rank 0 also compares the free space with the tables.
+    """
+    problem = ckpt.room_problem(config.checkpoint_path, table_bytes if roles.rank == 0 else 0)
+    problems = sorted({p for p in roles.world.allgather(problem) if p})
+    if problems:
+        raise ckpt.CheckpointError(f"train.checkpoint_dir={config.checkpoint_path}: {'; '.join(problems)}; "
+                                   f"choose a writable directory with room, on a filesystem every rank sees")
 
 
 def _say(roles, message: str) -> None:
@@ -166,7 +181,7 @@ def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations:
                disable=None if (lead and progress) else True)
     if lead and log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    log_file = open(log_path, "w") if (lead and log_path) else None
+    log_file = open(log_path, "w", buffering=1) if (lead and log_path) else None  # a line per iteration, kept on a kill
 
     def on_step(record: dict) -> None:
         bar.update(1)

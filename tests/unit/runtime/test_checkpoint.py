@@ -33,6 +33,37 @@ def test_commit_is_atomic_keeps_the_newest_and_ignores_unfinished_ones(tmp_path)
     assert np.array_equal(out, rows + 29)
 
 
+def test_a_new_attempt_clears_failed_ones_and_saving_a_step_again_replaces_it_whole(tmp_path):
+    directory = ckpt.CheckpointDir(tmp_path, keep=2)
+    directory.staging(39)  # a crash while writing step 39
+    _commit(directory, 49, np.zeros((2, 3)))
+    assert not (tmp_path / ".tmp-step-000000039").exists()  # its space is given back
+    _commit(directory, 49, np.ones((2, 3)))  # a resumed run that stops at once saves its step again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000049"]
+    out = np.empty((2, 3))
+    ckpt.read_rows_into(directory.complete()[0].file("ps-0.npy"), out)
+    assert np.array_equal(out, np.ones((2, 3)))
+
+
+def test_a_failed_write_removes_its_partial_file_and_says_the_old_checkpoints_are_intact(tmp_path):
+    path = tmp_path / "ps-0.npy"
+    with pytest.raises(ckpt.CheckpointError, match=r"cannot write .*ps-0.npy: No space left on device; the "
+                                                   r"previous checkpoints are intact"):
+        with ckpt.writing(path):
+            path.write_bytes(b"partial")
+            raise OSError(28, "No space left on device")
+    assert not path.exists()
+
+
+def test_room_is_checked_without_creating_anything(tmp_path):
+    assert ckpt.room_problem(tmp_path / "a" / "b", need_bytes=1) is None
+    assert not (tmp_path / "a").exists()
+    assert "has" in ckpt.room_problem(tmp_path / "a", need_bytes=2**62) and "MB free" in \
+        ckpt.room_problem(tmp_path, need_bytes=2**62)
+    (tmp_path / "file").write_text("")
+    assert ckpt.room_problem(tmp_path / "file" / "ck", need_bytes=0) == f"{tmp_path / 'file'} is not a directory"
+
+
 def test_rows_are_written_and_read_in_chunks_equal_to_numpy_save(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt, "CHUNK_BYTES", 100)  # many chunks, and a last short one
     rows = np.random.default_rng(0).standard_normal((37, 5)).astype(np.float32)
