@@ -4,7 +4,7 @@ import subprocess
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def rank_pids(parent: int) -> dict:
@@ -60,3 +60,13 @@ def act_mid_run(command: list, ready, what: str, act, timeout: float = 120) -> t
 def signal_rank(rank: int, signum: int):
     """An ``act`` for :func:`act_mid_run`: send ``signum`` to one world rank of an mpirun job."""
     return lambda process: os.kill(rank_pids(process.pid)[rank], signum)
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (``SigCgt`` in /proc): e.g. ``hybrid train``'s stop."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) >> (signum - 1) & 1)

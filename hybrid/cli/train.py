@@ -17,12 +17,14 @@ from hybrid.data.store import StoreError
 
 def cmd_train(args) -> int:
     """This rank's part of the job; on an error anywhere in it, every rank ends."""
-    config = load_config(args.config, args.overrides)
-    from hybrid.training import job, summary_text
     from hybrid.runtime.preemption import StopRequest
 
+    # first, so that a signal while torch and Horovod load also ends in a checkpoint and exit 0
     stop = StopRequest().install()  # SIGTERM/SIGINT/SIGUSR1: checkpoint, then exit 0
+    config = load_config(args.config, args.overrides)
     try:
+        from hybrid.training import job, summary_text  # MPI starts here: from now on, every rank must end alike
+
         summary = job.run(config, log_path=args.log_jsonl, summary_path=args.summary_json,
                           progress=not args.no_progress, resume=args.resume, stop=stop)
     except (Exception, KeyboardInterrupt) as err:
@@ -49,10 +51,14 @@ def _end_the_job(err: BaseException) -> None:
     world = MPI.COMM_WORLD
     if world.size == 1:
         return
-    detail = "" if isinstance(err, (ConfigError, StoreError, ValueError, RuntimeError)) else \
-        "".join(traceback.format_exception(err))
-    print(f"{detail}hybrid train: error on rank {world.rank} of {world.size} ({MPI.Get_processor_name()}): "
-          f"{type(err).__name__}: {err}; ending every rank", file=sys.stderr, flush=True)
+    where = f"rank {world.rank} of {world.size} ({MPI.Get_processor_name()})"
+    if isinstance(err, KeyboardInterrupt):  # a second stop signal (hybrid.runtime.preemption)
+        message = f"hybrid train: interrupted on {where} by {str(err) or 'SIGINT'}"
+    else:
+        detail = "" if isinstance(err, (ConfigError, StoreError, ValueError, RuntimeError)) else \
+            "".join(traceback.format_exception(err))
+        message = f"{detail}hybrid train: error on {where}: {type(err).__name__}: {err}"
+    print(f"{message}; ending every rank", file=sys.stderr, flush=True)
     world.Abort(EXIT_FAILURE)
 
 

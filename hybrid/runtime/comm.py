@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
@@ -36,6 +36,7 @@ class Roles:
     workers: MPI.Comm  # MPI.COMM_NULL on PS ranks
     node_ranks: int = 1  # ranks on this rank's machine (network namespaces of one machine included)
     node_cores: int = 1  # cores those ranks may run on, together
+    stops: MPI.Comm = field(default_factory=lambda: MPI.COMM_NULL)  # world's duplicate: PS stop requests to worker 0
 
     @property
     def oversubscribed(self) -> bool:
@@ -48,25 +49,39 @@ class Roles:
         return max(1, self.node_cores // self.node_ranks)
 
     def worker_barrier(self) -> None:
-        """The workers' barrier (see :meth:`worker_barrier_any`)."""
-        self.worker_barrier_any(False)
+        """The workers' barrier (see :meth:`worker_barrier_max`)."""
+        self.worker_barrier_max(0)
 
-    def worker_barrier_any(self, flag: bool) -> bool:
-        """A workers' barrier that also tells whether any worker passed ``flag`` (e.g. a stop request).
+    def worker_barrier_max(self, value: int) -> int:
+        """A workers' barrier that also returns the largest ``value`` passed (e.g. a stop request's code).
 
         One tiny allreduce costs what a barrier costs, so every iteration can
         end with it. It is MPI's (spinning) when each rank has a core, and
         sleeps between tests when ranks share cores.
         """
-        mine = np.array([int(flag)], dtype=np.int32)
-        anyone = np.zeros(1, dtype=np.int32)
+        mine = np.array([value], dtype=np.int32)
+        largest = np.zeros(1, dtype=np.int32)
         if self.oversubscribed:
-            request = self.workers.Iallreduce(mine, anyone, op=MPI.MAX)
+            request = self.workers.Iallreduce(mine, largest, op=MPI.MAX)
             while not request.Test():
                 time.sleep(0.0002)
         else:
-            self.workers.Allreduce(mine, anyone, op=MPI.MAX)
-        return bool(anyone[0])
+            self.workers.Allreduce(mine, largest, op=MPI.MAX)
+        return int(largest[0])
+
+    def tell_worker_0(self, code: int) -> tuple[MPI.Request, np.ndarray]:
+        """A PS rank's stop request to worker 0; keep the buffer until the request completes."""
+        message = np.array([code], dtype=np.int32)
+        return self.stops.Isend(message, dest=0), message
+
+    def stop_requests(self) -> int:
+        """Worker 0: the largest stop code PS ranks sent since the last call (0: none). A local probe."""
+        largest, message = 0, np.zeros(1, dtype=np.int32)
+        status = MPI.Status()
+        while self.stops.Iprobe(source=MPI.ANY_SOURCE, status=status):
+            self.stops.Recv(message, source=status.Get_source())
+            largest = max(largest, int(message[0]))
+        return largest
 
     def worker_max(self, value: int) -> int:
         """The largest ``value`` over the workers (collective over the workers)."""
@@ -90,8 +105,9 @@ class Roles:
         return list(range(self.n_workers, self.n_workers + self.n_ps))
 
     def free(self) -> None:
-        if self.workers != MPI.COMM_NULL:
-            self.workers.Free()
+        for comm in (self.workers, self.stops):
+            if comm != MPI.COMM_NULL:
+                comm.Free()
 
 
 def split_roles(n_workers: int, n_ps: int, world: MPI.Comm = MPI.COMM_WORLD) -> Roles:
@@ -108,7 +124,7 @@ def split_roles(n_workers: int, n_ps: int, world: MPI.Comm = MPI.COMM_WORLD) -> 
     everyone = world.allgather((machine, os.sched_getaffinity(0)))
     mine = [cores for other, cores in everyone if other == machine]
     return Roles(world=world, n_workers=n_workers, n_ps=n_ps, workers=workers, node_ranks=len(mine),
-                 node_cores=len(set().union(*mine)))
+                 node_cores=len(set().union(*mine)), stops=world.Dup())
 
 
 def _machine_id() -> str:

@@ -8,11 +8,13 @@ iterations later (as soon as every worker's scheduler can), and leave with
 exit 0. A second signal interrupts at once. OpenMPI's ``mpirun`` kills the
 ranks a moment after it forwards a SIGTERM, but forwards SIGUSR1 and lets
 them run, so ``launch/mpirun.sh`` passes a SIGTERM it receives on as SIGUSR1.
+A PS rank takes no part in the workers' barrier: it forwards its request to
+worker 0 (:meth:`StopRequest.forward`), which adds it to the next barrier.
 """
 from __future__ import annotations
 
 import signal
-from typing import Optional
+from typing import Callable, Optional
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
@@ -21,7 +23,8 @@ class StopRequest:
     """Set by the first of :data:`SIGNALS` once :meth:`install` ran (main thread only)."""
 
     def __init__(self):
-        self.signal: Optional[str] = None
+        self.signum: Optional[int] = None
+        self._notify: Optional[Callable[[int], None]] = None
 
     def install(self) -> "StopRequest":
         for signum in SIGNALS:
@@ -30,10 +33,43 @@ class StopRequest:
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
-        if self.signal is not None:
+        if self.signum is not None:
             raise KeyboardInterrupt(f"{name} after {self.signal}")
-        self.signal = name
+        self.signum = signum
+        if self._notify is not None:
+            self._notify(signum)
+
+    def forward(self, notify: Optional[Callable[[int], None]]) -> None:
+        """Call ``notify(signum)`` at the first signal (at once if it came already); None stops forwarding.
+
+        Python runs signal handlers in the main thread between bytecodes, so
+        ``notify`` may use MPI as the main thread's own code would.
+        """
+        self._notify = notify
+        if notify is not None and self.signum is not None:
+            notify(self.signum)
+
+    @property
+    def signal(self) -> Optional[str]:
+        return None if self.signum is None else signal.Signals(self.signum).name
 
     @property
     def requested(self) -> bool:
-        return self.signal is not None
+        return self.signum is not None
+
+    def code(self, rank: int) -> int:
+        """This rank's request as one int a MAX-allreduce can carry: 0 for none, else signal and rank.
+
+        Of several requests the maximum names the lowest rank (of the
+        largest signal number), so a signal to every rank is told as rank 0's.
+        """
+        return 0 if self.signum is None else (self.signum << _RANK_BITS) | (_LAST_RANK - rank)
+
+
+_RANK_BITS = 20
+_LAST_RANK = (1 << _RANK_BITS) - 1
+
+
+def describe(code: int) -> str:
+    """What a nonzero :meth:`StopRequest.code` says, for messages: ``SIGTERM on rank 3``."""
+    return f"{signal.Signals(code >> _RANK_BITS).name} on rank {_LAST_RANK - (code & _LAST_RANK)}"

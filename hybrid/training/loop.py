@@ -60,7 +60,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from hybrid import modes
+from hybrid import modes, torch_files
 from hybrid.config import Config
 from hybrid.data.store import BatchStore, GlobalBatch
 from hybrid.exported import auc_and_logloss
@@ -69,7 +69,7 @@ from hybrid.runtime import accelerator
 from hybrid.runtime import checkpoint as ckpt
 from hybrid.runtime.comm import Roles, init_horovod
 from hybrid.runtime.embedding_init import fill_initial_runs
-from hybrid.runtime.preemption import StopRequest
+from hybrid.runtime.preemption import StopRequest, describe
 from hybrid.runtime.reshard import ShardFiles, checkpoint_plan, cold_start, same_layout
 from hybrid.runtime.rma_store import EmbeddingStore, Handle
 from hybrid.runtime.shard_plan import ShardPlan
@@ -175,7 +175,8 @@ class HybridTrainer:
         self.optimizer = self._dense_optimizer()
         self.resume_arrays = None
         if resume is not None:
-            dense = torch.load(resume.file("dense.pt"), map_location=self.device, weights_only=True)
+            dense = torch_files.load(resume.file("dense.pt"), what="a checkpoint's MLP file", map_location=self.device,
+                                     remedy=f"move {resume.path} away to resume from the previous checkpoint")
             self.model.load_state_dict(dense["model"])
             self.optimizer.load_state_dict(dense["optimizer"])
             if cold_start(resume.meta, roles.n_workers, self.table.plan, config.to_dict()["cache"]) is None:
@@ -295,7 +296,7 @@ class HybridTrainer:
             first = next(plans, None)
             upcoming = next(plans, None) if first is not None else None
         ready = self._ready(*first, None, stages) if first is not None else None
-        stopping = False
+        stopping = 0  # the agreed stop request's code, once there is one
         while ready is not None:
             before = dict(self.table.rows_moved)
             following, upcoming, stop = self._iteration(ready, upcoming, plans, stages)
@@ -313,15 +314,15 @@ class HybridTrainer:
             if on_step is not None:
                 on_step(record)
             if stop and following is not None and not self.mode.checkpoints:  # all stop here, no checkpoint
-                self.run.stopped_by = self.stop.signal or "a signal on another worker"
+                self.run.stopped_by = describe(stop)
                 break
             if stop and not stopping and following is not None:
-                stopping = True
+                stopping = stop
                 self._stop_at_agreed_step(producer)
             ready, stages = following, Stages()
             self.stages = stages
         if stopping and log and log[-1]["step"] < self.last_step:  # else the run simply ended
-            self.run.stopped_by = self.stop.signal or "a signal on another worker"
+            self.run.stopped_by = describe(stopping)
 
     def _stop_at_agreed_step(self, producer: PlanProducer) -> None:
         """A worker got a stop signal: every worker ends after the same step and checkpoints it.
@@ -381,8 +382,9 @@ class HybridTrainer:
         self.roles.world.bcast({"op": "checkpoint", "step": plan.step}, root=0)
         files = {}
         if lead:
-            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
-                       staging / "dense.pt")
+            with ckpt.writing(staging / "dense.pt"):
+                torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
+                           staging / "dense.pt")
             files["dense.pt"] = ckpt.file_record(staging / "dense.pt")
             files["scheduler.npz"] = ckpt.write_arrays(staging / "scheduler.npz", plan.saved)
         gathered = self.roles.world.gather(files, root=0)
@@ -405,12 +407,21 @@ class HybridTrainer:
         return entry
 
     def _serve(self) -> None:
-        """A PS rank's run: serve the workers; at each checkpoint write this rank's rows; until the end."""
+        """A PS rank's run: serve the workers; at each checkpoint write this rank's rows; until the end.
+
+        A stop signal here goes on to worker 0, which adds it to the workers'
+        next barrier: the run then ends as if a worker had been signalled.
+        """
         index = self.roles.ps_ranks.index(self.roles.rank)
+        told = []
+        self.stop.forward(lambda signum: told.append(self.roles.tell_worker_0(self.stop.code(self.roles.rank))))
         while True:
             self.table.barrier()
             command = self.roles.world.bcast(None, root=0)
             if command["op"] == "end":
+                self.stop.forward(None)
+                for request, _ in told:
+                    request.Wait()
                 self._served = True
                 return
             path = self.checkpoints.staging_path(command["step"]) / ckpt.shard_name(index)
@@ -481,7 +492,10 @@ class HybridTrainer:
         with stages("push"):
             self.table.complete(*writes, *([ahead[0]] if ahead else []))  # ordering rule 2
         with stages("barrier"):
-            stop = self.roles.worker_barrier_any(self.stop.requested)
+            mine = self.stop.code(self.roles.rank)
+            if self.roles.worker == 0:
+                mine = max(mine, self.roles.stop_requests())  # a PS rank's, forwarded (see _serve)
+            stop = self.roles.worker_barrier_max(mine)
         if ready.plan.snapshot is not None:
             self.verify_cache(ready.plan.snapshot)
         return following, after, stop

@@ -20,6 +20,28 @@ def test_roles_put_the_ps_ranks_last():
     roles.free()
 
 
+@pytest.mark.mpi(min_size=3)
+def test_stop_requests_from_ps_ranks_reach_worker_0_and_the_workers_agree_on_the_largest():
+    """Two PS ranks forward their requests; worker 0 adds them to the barrier every worker enters."""
+    world = MPI.COMM_WORLD
+    roles = split_roles(world.size - 2, 2)
+    codes = {roles.ps_ranks[0]: 7, roles.ps_ranks[1]: 9}
+    if roles.is_ps:
+        request, _ = roles.tell_worker_0(codes[world.rank])
+        request.Wait()
+    world.Barrier()  # both messages are on their way
+    if not roles.is_ps:
+        mine = 0
+        if roles.worker == 0:
+            deadline = MPI.Wtime() + 10
+            while mine != 9 and MPI.Wtime() < deadline:  # delivery is asynchronous
+                mine = max(mine, roles.stop_requests())
+            assert roles.stop_requests() == 0  # each message is taken once
+        assert roles.worker_barrier_max(mine) == 9
+    world.Barrier()
+    roles.free()
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_wrong_rank_count_is_explained_without_a_collective():
     with pytest.raises(RoleError, match=r"cluster.workers=8 \+ cluster.ps=1 = 9 ranks, but \d+ were started"):

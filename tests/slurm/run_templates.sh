@@ -63,7 +63,7 @@ preempt_and_resume() {
     scancel -s TERM ${option:+"$option"} "$id"
     wait "$submitter" || status=$?
     [ "$status" -eq 0 ] || fail "$template exited $status after the signal and the requeue"
-    grep -q "stopped by $seen after iteration" "$work/$name.out" || fail "$template did not stop on $seen"
+    grep -Eq "stopped by $seen on rank [0-9]+ after iteration" "$work/$name.out" || fail "$template did not stop on $seen"
     grep -q "requeueing job $id" "$work/$name.out" || fail "$template did not requeue itself"
     grep -q "resuming from $work/ck-$name/step-" "$work/$name.out" || fail "the requeued run did not resume"
     python - "results/$id-0.json" "results/$id-1.json" "$iterations" <<'PY' || fail "$template: runs do not add up"
