@@ -29,7 +29,6 @@ from hybrid.runtime.link_counters import difference, link_bytes
 from hybrid.runtime.preemption import StopRequest
 from hybrid.runtime.reshard import checkpoint_plan, cold_start, files_to_verify, same_layout
 from hybrid.runtime.shard_plan import ShardPlan, ShardPlanError
-from hybrid.scheduling.event_kinds import ALLREDUCE_KINDS, UPDATE_KINDS
 from hybrid.training.loop import STAGES, HybridTrainer
 
 
@@ -207,6 +206,11 @@ def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations:
     return _summarize(config, trainer, log, seconds, evaluation, ranks) if not trainer.roles.is_ps else None
 
 
+def _plan_figures(figures) -> dict:
+    """A run's figures from its plans, without the scheduler's timings (simulate's figures are the same)."""
+    return {k: v for k, v in figures.summary().items() if not k.startswith("sched_ms")}
+
+
 def _rank_report(trainer: HybridTrainer) -> dict:
     """This rank's start-up time and peak resident memory (Linux reports kilobytes)."""
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -224,8 +228,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
     mean_ms = {s: 1000 * sum(r["timing"].get(s, 0.0) for r in log) / max(1, len(log)) for s in STAGES}
     if trainer.roles.worker != 0:
         return None
-    counts = {k: sum(r["counts"][k] for r in log) for k in log[0]["counts"]} if log else {}
-    needed = sum(counts.get(k, 0) for k in UPDATE_KINDS)
+    everything, counted = trainer.run.figures, trainer.run.counted
     row_bytes = config.row_bytes
     pulls, pushes, p2p = int(total[0]), int(total[1] + total[2]), int(total[3])
     samples = sum(r["samples"] for r in log)
@@ -242,10 +245,14 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
                           "p2p_bytes": p2p * row_bytes},
         "version_checks": {"rows": int(total[4]), "bytes": 8 * int(total[4])},  # HET: read, not transmissions
         # FAE's hot rows and row-wise Adagrad's shared rows, summed with Horovod: not transmissions
-        "allreduced_rows": sum(counts.get(k, 0) for k in ALLREDUCE_KINDS),
-        "hit_rate": round(1 - counts.get("pull", 0) / needed, 6) if needed else 0.0,
+        "allreduced_rows": everything.allreduced,
+        # the figures hybrid simulate reports, by the same definitions (hybrid/training/figures.py): of the
+        # iterations after scheduler.warmup_iterations, and of every iteration this run trained
+        "hit_rate": round((counted if counted.iterations else everything).hit_rate, 6),
+        "counted": {"after_warmup": config.scheduler.warmup_iterations, **_plan_figures(counted)},
+        "all_iterations": _plan_figures(everything),
         "train_loss": round(loss_sum / samples, 6) if samples else float("nan"),
-        "events": counts, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},
+        "events": everything.by_kind, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},
         "overlap": config.train.overlap, "transport": trainer.table.transport,
         "compute": {"device": trainer.device_name(), "allreduce": trainer.allreduce.describe()},
         "scored_tables": trainer.scored_tables,  # adaptive LAIA under budget_ms: agreed by every worker

@@ -77,6 +77,7 @@ from hybrid.runtime.watchdog import Watchdog
 from hybrid.scheduling.allocation import AdaptiveLaiaAllocation
 from hybrid.scheduling.plan_producer import PlanProducer
 from hybrid.scheduling.plans import BatchPlan
+from hybrid.training.figures import Figures
 
 STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barrier")
 
@@ -118,6 +119,8 @@ class RunState:
     flushed_rows: int = 0  # dirty rows copied to the PS for checkpoints and evaluations (not transmissions)
     restored_rows: int = 0  # cached rows read back from the PS when resuming (not transmissions)
     paused_seconds: float = 0.0  # spent on checkpoints and evaluations between iterations
+    figures: Figures = field(default_factory=Figures)  # of every iteration this run trained
+    counted: Figures = field(default_factory=Figures)  # of those after scheduler.warmup_iterations, as simulate counts
 
 
 class HybridTrainer:
@@ -310,6 +313,9 @@ class HybridTrainer:
             record.update(self._after(ready.plan, following is None, test, watchdog))
             self.run.paused_seconds += time.perf_counter() - paused
             log.append(record)
+            self.run.figures.add(ready.plan)
+            if ready.plan.step >= self.config.scheduler.warmup_iterations:
+                self.run.counted.add(ready.plan)
             watchdog.beat()
             if on_step is not None:
                 on_step(record)

@@ -47,7 +47,8 @@ def _train(config, store):
     trainer.flush()
     lead = roles.worker == 0
     result = (log, trainer.mode.replicas.losses, trainer.table.read_all(),
-              [p.detach().cpu().numpy().copy() for p in trainer.model.parameters()]) if lead else None
+              [p.detach().cpu().numpy().copy() for p in trainer.model.parameters()],
+              trainer.run.counted.summary()) if lead else None
     moved = {k: sum(r["moved"][k] for r in log) for k in ("pull", "put", "accumulate")} if log else {}
     trainer.close()
     roles.free()
@@ -65,7 +66,7 @@ def test_fae_equals_the_reference_on_its_own_order_and_the_simulation_counts_it(
     result, pulls, pushes = _train(config, store)
     if MPI.COMM_WORLD.rank != 0:
         return
-    log, losses, table, params = result
+    log, losses, table, params, figures = result
     kinds = [r["counts"]["hot_allreduce"] > 0 for r in log]
     assert 0 < sum(kinds) < len(kinds), "the run must train hot and cold strips"
     assert sum(r["counts"]["hot_push"] > 0 for r in log) >= 2 and len(losses) >= 2, "strips must switch"
@@ -84,6 +85,8 @@ def test_fae_equals_the_reference_on_its_own_order_and_the_simulation_counts_it(
     assert (pulls, pushes) == (simulated.pulls, simulated.pushes)
     assert simulated.allreduced == sum(r["counts"]["hot_allreduce"] for r in log) > 0
     assert simulated.by_kind["hot_pull"] > 0 and simulated.by_kind["hot_push"] > 0
+    same = [k for k in figures if not k.startswith("sched_ms")]  # what the training summary reports
+    assert {k: figures[k] for k in same} == {k: simulated.summary()[k] for k in same}
 
 
 @pytest.mark.mpi(min_size=3)

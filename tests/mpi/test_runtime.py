@@ -14,7 +14,7 @@ from hybrid.runtime.comm import AgreementError, split_roles
 from hybrid.training import job as train_job
 from hybrid.training.loop import HybridTrainer
 from hybrid.training.simulator import simulate_mode
-from hybrid.training.summary_text import format_breakdown
+from hybrid.training.summary_text import format_breakdown, format_summary
 from shared_store import shared_store
 
 
@@ -101,6 +101,39 @@ def test_a_config_mismatch_stops_every_rank_with_one_message(store_path):
         train_job.run(config, progress=False)
     assert ", differing in seed (1 vs 2);" in str(info.value)  # which key, not only two digests
     assert len(set(world.allgather(str(info.value)))) == 1
+
+
+def _without_timings(figures: dict) -> dict:
+    return {k: v for k, v in figures.items() if not k.startswith("sched_ms")}
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode,overrides", [
+    ("vanilla", ()), ("laia", ()), ("plan", ()), ("herald", ("scheduler.sync=ps",)),
+    ("herald", ("scheduler.sync=p2p",)), ("het", ("scheduler.staleness=0",)),
+    ("het", ("scheduler.staleness=100", "cache.ratio=0.015"))], ids=lambda v: "-".join(v) if isinstance(v, tuple) else v)
+def test_the_training_summary_reports_the_simulators_figures(store_path, mode, overrides):
+    """One definition per figure (hybrid/training/figures.py): hit rate, transmissions by kind, the busiest
+    worker's rows, version checks, after the warm-up as simulate counts them (FAE: tests/mpi/test_fae.py)."""
+    config = _config(store_path, f"scheduler.mode={mode}", "scheduler.warmup_iterations=5", "train.iterations=30",
+                     *overrides)
+    summary = train_job.run(config, progress=False)
+    if MPI.COMM_WORLD.rank != 0:
+        return
+    store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
+    simulated = simulate_mode(config, store, Mode(mode), iterations=30)
+    assert summary["counted"] == {"after_warmup": 5, **_without_timings(simulated.summary())}
+    assert summary["hit_rate"] == round(simulated.hit_rate, 6) and summary["counted"]["iterations"] == 25
+    assert summary["all_iterations"]["iterations"] == 30
+    measured = summary["transmissions"]  # over all 30 iterations, at the RMA store
+    assert (measured["pull_rows"], measured["push_rows"], measured["p2p_rows"]) == tuple(
+        summary["all_iterations"][k] for k in ("pulls", "pushes", "p2p"))
+    if "scheduler.sync=p2p" in overrides:
+        assert simulated.p2p > 0 and simulated.hit_rate < 1 - simulated.pulls / simulated.needed, \
+            "a row from a peer is a miss"
+    assert (f"over all 30 iterations; after the 5 warm-up iterations, as hybrid simulate counts: "
+            f"{simulated.transmissions} rows, hit rate {simulated.hit_rate:.1%}") in format_summary(summary)
 
 
 @pytest.mark.mpi(min_size=3)

@@ -1,0 +1,81 @@
+"""The figures a run reports, from its plans: one definition for ``hybrid train``, ``simulate`` and the benches.
+
+Definitions (docs/design.md section 6):
+
+- a *transmission* is a row that crosses between a worker and a PS rank or
+  between two workers: pulls (PS to worker), pushes (worker to PS: Accumulate,
+  plan pushes and full-set Puts, eviction write-backs) and P2P rows (a dirty
+  row sent straight to the one worker that needs it next);
+- a *needed* row is one a worker trains on in an iteration; it is a *hit*
+  when it is fresh in that worker's cache and a *miss* when it must be
+  fetched: pulled from the PS, or received from a peer (a P2P row is a miss
+  too: it was not fresh in the cache that needed it);
+- HET's version checks (8-byte reads) and FAE's and row-wise Adagrad's
+  allreduced rows are counted apart: they are not transmissions;
+- *busiest*: per iteration, the transmissions of the worker with the most,
+  summed (the slowest worker sets the pace).
+
+Every figure comes from the plans' event counts, which every rank computes
+alike; ``hybrid train`` also measures its rows at the RMA store, and an MPI
+test holds the two equal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybrid.scheduling.event_kinds import ALLREDUCE_KINDS, CHECK_KINDS, PEER_KINDS, PULL_KINDS, PUSH_KINDS
+
+
+@dataclass
+class Figures:
+    """Totals over the plans :meth:`add` was given (one mode, the counted iterations)."""
+
+    iterations: int = 0
+    pulls: int = 0
+    pushes: int = 0
+    p2p: int = 0
+    version_checks: int = 0
+    allreduced: int = 0
+    needed: int = 0
+    fetched: int = 0  # needed rows that were not fresh in the cache (pulled or sent peer to peer)
+    busiest: int = 0  # per iteration, the transmissions of the worker with the most, summed
+    by_kind: dict = field(default_factory=dict)
+    sched_seconds: dict = field(default_factory=dict)
+
+    @property
+    def transmissions(self) -> int:
+        return self.pulls + self.pushes + self.p2p
+
+    @property
+    def hit_rate(self) -> float:
+        """Fresh hits / needed rows (FAE: of its cold iterations; the replicas' refills are not misses)."""
+        return 1.0 - self.fetched / self.needed if self.needed else 0.0
+
+    @property
+    def sched_ms(self) -> float:
+        """Scheduling time per batch (scoring + allocation + state update + plan)."""
+        return 1000 * sum(self.sched_seconds.values()) / max(1, self.iterations)
+
+    def add(self, plan) -> None:
+        self.iterations += 1
+        self.pulls += sum(plan.counts[k] for k in PULL_KINDS)
+        self.p2p += sum(plan.counts[k] for k in PEER_KINDS)
+        self.pushes += sum(plan.counts[k] for k in PUSH_KINDS)
+        self.version_checks += sum(plan.counts[k] for k in CHECK_KINDS)
+        self.allreduced += sum(plan.counts[k] for k in ALLREDUCE_KINDS)
+        self.needed += plan.needed
+        self.fetched += plan.counts["pull"] + plan.counts["p2p"]
+        self.busiest += int(plan.per_worker.max()) if plan.per_worker is not None and len(plan.per_worker) else 0
+        for kind, n in plan.counts.items():
+            self.by_kind[kind] = self.by_kind.get(kind, 0) + n
+        for stage, seconds in plan.timing.items():
+            self.sched_seconds[stage] = self.sched_seconds.get(stage, 0.0) + seconds
+
+    def summary(self) -> dict:
+        return {"pulls": self.pulls, "pushes": self.pushes, "p2p": self.p2p,
+                "transmissions": self.transmissions, "version_checks": self.version_checks,
+                "allreduced": self.allreduced, "busiest": self.busiest, "hit_rate": round(self.hit_rate, 6),
+                "sched_ms": round(self.sched_ms, 4), "iterations": self.iterations,
+                "by_kind": self.by_kind,
+                "sched_ms_by_stage": {k: round(1000 * v / max(1, self.iterations), 4)
+                                      for k, v in self.sched_seconds.items()}}
