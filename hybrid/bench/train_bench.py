@@ -26,6 +26,7 @@ from typing import Callable
 
 from hybrid.bench import case_overrides
 from hybrid.config import Config, ConfigError, load_config
+from hybrid.training.summary_text import counted_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barrier")
@@ -49,7 +50,8 @@ class Case:
             "size": self.size, "mode": self.mode, "store": str(self.store), "table_rows": last["table_rows"],
             "samples_per_s": self.median(lambda s: s["throughput"]),
             "samples_per_s_runs": [s["throughput"] for s in self.summaries],
-            "rows_moved": last["transmissions"]["rows"], "hit_rate": last["hit_rate"],
+            # both after the warm-up, as hybrid simulate and hybrid compare count them
+            "rows_moved": counted_rows(last), "hit_rate": last["hit_rate"],
             "auc": (last["evaluation"] or {}).get("auc"),
             "iteration_ms": {k: round(self.median(lambda s: s["iteration_ms"].get(k, 0.0)), 3) for k in STAGES},
             "ps_startup_s": max(r["startup_s"] for r in ps), "ps_peak_rss_mb": max(r["peak_rss_mb"] for r in ps),

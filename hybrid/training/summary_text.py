@@ -84,7 +84,7 @@ def compare_summaries(summaries: list[dict]) -> str:
     first: dict = {}
     for s in summaries:
         base = first.setdefault(s["config"], s)
-        rows, base_rows = _counted_rows(s), _counted_rows(base)
+        rows, base_rows = counted_rows(s), counted_rows(base)
         auc = (s["evaluation"] or {}).get("auc", float("nan"))
         lines.append(f"{s['config']:<12}{s.get('label', s['mode']):<{width}}{s['throughput']:>10.0f}"
                      f"{s['throughput'] / base['throughput']:>6.2f}x{rows:>12}"
@@ -93,6 +93,7 @@ def compare_summaries(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _counted_rows(summary: dict) -> int:
+def counted_rows(summary: dict) -> int:
+    """The transmissions after the warm-up, as ``hybrid simulate`` counts them (older summaries: all of them)."""
     counted = summary.get("counted")
     return counted["transmissions"] if counted and counted["iterations"] else summary["transmissions"]["rows"]
