@@ -71,11 +71,14 @@ class Figures:
         for stage, seconds in plan.timing.items():
             self.sched_seconds[stage] = self.sched_seconds.get(stage, 0.0) + seconds
 
-    def summary(self) -> dict:
-        return {"pulls": self.pulls, "pushes": self.pushes, "p2p": self.p2p,
-                "transmissions": self.transmissions, "version_checks": self.version_checks,
-                "allreduced": self.allreduced, "busiest": self.busiest, "hit_rate": round(self.hit_rate, 6),
-                "sched_ms": round(self.sched_ms, 4), "iterations": self.iterations,
-                "by_kind": self.by_kind,
-                "sched_ms_by_stage": {k: round(1000 * v / max(1, self.iterations), 4)
-                                      for k, v in self.sched_seconds.items()}}
+    def summary(self, timings: bool = True) -> dict:
+        """The figures as a dict; without ``timings`` only what the plans' counts give (the same on every run)."""
+        figures = {"pulls": self.pulls, "pushes": self.pushes, "p2p": self.p2p,
+                   "transmissions": self.transmissions, "version_checks": self.version_checks,
+                   "allreduced": self.allreduced, "busiest": self.busiest, "hit_rate": round(self.hit_rate, 6),
+                   "iterations": self.iterations, "by_kind": self.by_kind}
+        if timings:
+            figures["sched_ms"] = round(self.sched_ms, 4)
+            figures["sched_ms_by_stage"] = {k: round(1000 * v / max(1, self.iterations), 4)
+                                            for k, v in self.sched_seconds.items()}
+        return figures

@@ -206,11 +206,6 @@ def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations:
     return _summarize(config, trainer, log, seconds, evaluation, ranks) if not trainer.roles.is_ps else None
 
 
-def _plan_figures(figures) -> dict:
-    """A run's figures from its plans, without the scheduler's timings (simulate's figures are the same)."""
-    return {k: v for k, v in figures.summary().items() if not k.startswith("sched_ms")}
-
-
 def _rank_report(trainer: HybridTrainer) -> dict:
     """This rank's start-up time and peak resident memory (Linux reports kilobytes)."""
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -249,8 +244,8 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         # the figures hybrid simulate reports, by the same definitions (hybrid/training/figures.py): of the
         # iterations after scheduler.warmup_iterations, and of every iteration this run trained
         "hit_rate": round((counted if counted.iterations else everything).hit_rate, 6),
-        "counted": {"after_warmup": config.scheduler.warmup_iterations, **_plan_figures(counted)},
-        "all_iterations": _plan_figures(everything),
+        "counted": {"after_warmup": config.scheduler.warmup_iterations, **counted.summary(timings=False)},
+        "all_iterations": everything.summary(timings=False),
         "train_loss": round(loss_sum / samples, 6) if samples else float("nan"),
         "events": everything.by_kind, "iteration_ms": {k: round(v, 3) for k, v in mean_ms.items()},
         "overlap": config.train.overlap, "transport": trainer.table.transport,
