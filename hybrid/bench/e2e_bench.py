@@ -16,7 +16,11 @@ Per case it reports samples/s, test AUC, rows moved, milliseconds per stage,
 and bytes per iteration: what each worker's link carried while it trained
 (read from its interface counters), the embedding payload the store moved
 (rows x row bytes, plus 8-byte ids), and the rest of the workers' traffic,
-which is the allreduce (and protocol overhead). The namespaces' own
+which is the allreduce (and protocol overhead). Rows and bytes are measured
+over every iteration the run trained, warm-up included: they are what
+crossed the links. Beside them, ``counted`` holds the figures ``hybrid
+simulate`` reports for the same run (after ``scheduler.warmup_iterations``;
+hybrid/training/figures.py), hit rate included. The namespaces' own
 counters, read in the root namespace, give each host's bytes over the
 whole run (start-up and evaluation included).
 
@@ -146,7 +150,11 @@ def case_report(summaries: list[dict], link: str) -> dict:
         "samples_per_s": statistics.median(s["throughput"] for s in summaries),
         "samples_per_s_runs": [s["throughput"] for s in summaries],
         "auc": (last["evaluation"] or {}).get("auc"), "iterations": last["iterations"],
+        # measured at the store over every iteration, as the link bytes below are
+        "measured_over_iterations": last["iterations"],
         "rows_moved": t["rows"], "rows_per_iteration": round(t["rows"] / iterations, 1),
+        # the figures hybrid simulate reports for this run: after the warm-up (older summaries lack them)
+        "counted": last.get("counted"),
         "iteration_ms": {k: round(statistics.median(s["iteration_ms"].get(k, 0.0) for s in summaries), 3)
                          for k in STAGES},
         "bytes_per_iteration": {
@@ -235,7 +243,7 @@ def run_sharding(*, shape: LinkShape = LinkShape(), out: Path, iterations: int =
 
 def format_table(result: dict) -> str:
     width = max(9, *(len(mode) + 1 for modes in result.values() for mode in modes))
-    lines = [f"{'workload':<16}{'mode':<{width}}{'samples/s':>10}{'speedup':>8}{'AUC':>8}{'rows/it':>9}"
+    lines = [f"{'workload':<16}{'mode':<{width}}{'samples/s':>10}{'speedup':>8}{'AUC':>8}{'rows/it':>9}{'hit':>7}"
              + "".join(f"{s[:8]:>9}" for s in STAGES) + f"{'emb KB/it':>10}{'rest KB/it':>11}{'worker links sent KB/it':>25}"]
     for workload, modes in result.items():
         first = next(iter(modes))
@@ -243,11 +251,19 @@ def format_table(result: dict) -> str:
             b = r["bytes_per_iteration"]
             per_worker = "/".join(f"{w['sent'] / 1e3:.0f}" for w in b["per_worker_link"])
             lines.append(f"{workload:<16}{mode:<{width}}{r['samples_per_s']:>10.0f}{r[f'speedup_vs_{first}']:>8.2f}"
-                         f"{r['auc'] or float('nan'):>8.4f}{r['rows_per_iteration']:>9.0f}"
+                         f"{r['auc'] or float('nan'):>8.4f}{r['rows_per_iteration']:>9.0f}{_hit_rate(r):>7}"
                          + "".join(f"{r['iteration_ms'][s]:>9.2f}" for s in STAGES)
                          + f"{b['embedding_payload'] / 1e3:>10.0f}{b['allreduce_and_other'] / 1e3:>11.0f}{per_worker:>25}")
-    link = next(iter(next(iter(result.values())).values()))["link"]
-    return f"links {link}; ms per iteration by stage; bytes per iteration\n" + "\n".join(lines)
+    first_case = next(iter(next(iter(result.values())).values()))
+    warmup = (first_case.get("counted") or {}).get("after_warmup")
+    after = f" after the {warmup} warm-up iterations" if warmup else ""
+    return (f"links {first_case['link']}; rows, ms and bytes per iteration measured over every iteration; "
+            f"hit rate{after}, as hybrid simulate counts it\n" + "\n".join(lines))
+
+
+def _hit_rate(report: dict) -> str:
+    counted = report.get("counted")
+    return f"{counted['hit_rate']:.1%}" if counted and counted["iterations"] else "-"
 
 
 def plot(result: dict, path: Path) -> None:

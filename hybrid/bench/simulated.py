@@ -101,11 +101,7 @@ def count_cases(item: Workload, cases, *, overrides=(), iterations: int = 0,
     for case in cases:
         mode, extra = case_mode(case)
         counts = simulate_mode(load_config(path, base + extra), store, mode, iterations)
-        counted[case] = {"pulls": counts.pulls, "pushes": counts.pushes, "p2p": counts.p2p,
-                         "transmissions": counts.transmissions, "busiest": counts.busiest,
-                         "iterations": counts.iterations,
-                         "hit_rate": round(counts.hit_rate, 4), "sched_ms": round(counts.sched_ms, 4),
-                         "sched_ms_by_stage": counts.summary()["sched_ms_by_stage"]}
+        counted[case] = counts.summary()  # the figures hybrid simulate and hybrid train report
     baseline = counted[cases[0]]
     for counts in counted.values():
         counts["normalized"] = {k: round(counts[k] / baseline[k], 4) if baseline[k] else None

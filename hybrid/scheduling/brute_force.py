@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybrid._ext.cluster_state import PEER_KINDS, PULL_KINDS, PUSH_KINDS, ClusterState
+from hybrid._ext.cluster_state import ClusterState
 from hybrid.scheduling.allocation import capacities
-
-TRANSMISSION_KINDS = PULL_KINDS + PUSH_KINDS + PEER_KINDS
+from hybrid.scheduling.event_kinds import TRANSMISSION_KINDS
 
 
 def iteration_cost(state: ClusterState, rows: np.ndarray, alloc: np.ndarray) -> int:
@@ -25,7 +24,7 @@ def iteration_cost(state: ClusterState, rows: np.ndarray, alloc: np.ndarray) -> 
     trial = state.copy()
     planned = trial.plan(rows, alloc)
     trained = trial.train()
-    return sum(planned[k] + trained[k] for k in TRANSMISSION_KINDS)
+    return sum(planned.get(k, 0) + trained.get(k, 0) for k in TRANSMISSION_KINDS)  # FAE's kinds: not the state's
 
 
 def balanced_allocations(n_samples: int, n_workers: int):

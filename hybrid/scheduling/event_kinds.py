@@ -20,6 +20,7 @@ KINDS = STATE_KINDS + EXTRA_KINDS
 PULL_KINDS = STATE_PULLS + ("hot_pull",)
 PUSH_KINDS = STATE_PUSHES + ("hot_push",)
 ALLREDUCE_KINDS = ("hot_allreduce", "shared_allreduce")
+TRANSMISSION_KINDS = PULL_KINDS + PUSH_KINDS + PEER_KINDS  # the rows that cross a link (docs/design.md section 6)
 
 __all__ = ["ALLREDUCE_KINDS", "CHECK_KINDS", "EXTRA_KINDS", "FAE_KINDS", "KINDS", "PEER_KINDS", "PULL_KINDS",
-           "PUSH_KINDS", "STATE_KINDS", "UPDATE_KINDS"]
+           "PUSH_KINDS", "STATE_KINDS", "TRANSMISSION_KINDS", "UPDATE_KINDS"]

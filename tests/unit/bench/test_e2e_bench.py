@@ -63,7 +63,8 @@ def _summary(throughput, pull_rows, push_rows, sent):
                               "pull_bytes": pull_rows * row_bytes, "push_bytes": push_rows * row_bytes},
             "ranks": [{"role": "worker", "train_link_bytes": {"sent": s, "received": 0}} for s in sent]
             + [{"role": "ps", "train_link_bytes": {"sent": 0, "received": 0}}],
-            "host_bytes": [{"sent": 1, "received": 1}]}
+            "host_bytes": [{"sent": 1, "received": 1}],
+            "counted": {"after_warmup": 2, "iterations": 8, "transmissions": 120, "hit_rate": 0.625}}
 
 
 def test_a_case_splits_the_workers_bytes_into_embedding_and_the_rest_and_plots(tmp_path):
@@ -76,7 +77,12 @@ def test_a_case_splits_the_workers_bytes_into_embedding_and_the_rest_and_plots(t
     assert report["samples_per_s"] == 110.0 and report["samples_per_s_runs"] == [100.0, 120.0]
     result = {"movielens-100k": {"vanilla": {**report, "speedup_vs_vanilla": 1.0},
                                  "herald": {**report, "speedup_vs_vanilla": 1.5}}}
-    assert "movielens-100k  herald" in e2e_bench.format_table(result)
+    table = e2e_bench.format_table(result)
+    assert "movielens-100k  herald" in table
+    # rows and bytes: measured over all 10 iterations; the hit rate: after the warm-up, as simulate counts
+    assert report["rows_moved"] == 150 and report["measured_over_iterations"] == 10
+    assert report["counted"]["transmissions"] == 120
+    assert "62.5%" in table and "after the 2 warm-up iterations" in table
     e2e_bench.plot(result, tmp_path / "e2e.png")
     assert (tmp_path / "e2e.png").stat().st_size > 10_000
     json.dumps(result)
