@@ -5,12 +5,11 @@
 # ranks 0 .. HYBRID_WORKERS-1; the rest are PS ranks (hybrid/runtime/comm.py).
 # - PS ranks never see a GPU (CUDA_VISIBLE_DEVICES=""): they serve rows from host memory.
 # - A worker on a host with GPUs gets one, by its local rank.
-# - OMP_NUM_THREADS: this host's cores shared by its ranks (the trainer sets torch's own
-#   threads the same way; train.threads overrides that).
+# Threads per rank and how ranks wait in MPI are decided in the rank itself, before MPI starts
+# (hybrid/runtime/launch_facts.py, docs/cluster.md).
 set -euo pipefail
 rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-0}}}
 local_rank=${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-0}}}
-local_size=${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-${SLURM_NTASKS_PER_NODE:-1}}}
 workers=${HYBRID_WORKERS:?launch/rank_env.sh needs HYBRID_WORKERS: cluster.workers of the config}
 gpus=0
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -21,6 +20,4 @@ if [ "$rank" -ge "$workers" ]; then
 elif [ "$gpus" -gt 0 ]; then
     export CUDA_VISIBLE_DEVICES=$((local_rank % gpus))
 fi
-threads=$(( $(nproc) / (local_size > 0 ? local_size : 1) ))
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( threads > 0 ? threads : 1 ))}
 exec "$@"

@@ -14,9 +14,9 @@
 # The rank count is cluster.workers + cluster.ps of the resolved config. World ranks
 # 0 .. workers-1 are the workers and the last ranks the PS ranks (hybrid/runtime/comm.py), so
 # with --workers-on/--ps-on (filled in that order, --map-by slot) the PS ranks land on
-# the PS hosts. launch/rank_env.sh then keeps PS ranks off GPUs, gives each worker a GPU
-# where the host has them, and sets OMP_NUM_THREADS to the host's cores per rank.
-# Without host options every rank runs on this host.
+# the PS hosts. launch/rank_env.sh then keeps PS ranks off GPUs and gives each worker a GPU
+# where the host has them; each rank sets its threads and how it waits in MPI itself
+# (docs/cluster.md). Without host options every rank runs on this host.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tcp="" worker_hosts="" ps_hosts="" runner=mpirun dry_run=""
@@ -40,7 +40,7 @@ for arg in "$@"; do
 done
 layout=$(python -m hybrid config "$config" "${overrides[@]}" --layout)
 eval "$layout"
-export HYBRID_WORKERS
+export HYBRID_WORKERS HYBRID_LAUNCHER=$runner  # the ranks report their launcher (docs/cluster.md)
 echo "+ $layout" >&2
 hosts=()
 if [ -n "$worker_hosts$ps_hosts" ]; then
@@ -52,7 +52,7 @@ if [ -n "$worker_hosts$ps_hosts" ]; then
 fi
 rank_command=(bash "$ROOT/launch/rank_env.sh" python -m hybrid train "$config" "$@")
 if [ "$runner" = horovodrun ]; then
-    mpi_args="--allow-run-as-root --oversubscribe --bind-to none -x HYBRID_WORKERS"
+    mpi_args="--allow-run-as-root --oversubscribe --bind-to none -x HYBRID_WORKERS -x HYBRID_LAUNCHER"
     [ ${#hosts[@]} -gt 0 ] && mpi_args+=" --map-by slot"
     if [ -n "$tcp" ]; then
         iface=""
@@ -70,7 +70,7 @@ if [ "$runner" = horovodrun ]; then
 fi
 command=(bash "$ROOT/launch/mpirun.sh" ${tcp:+"$tcp"} -n "$HYBRID_RANKS" "${hosts[@]}")
 [ ${#hosts[@]} -gt 0 ] && command+=(--map-by slot)
-command+=(-x HYBRID_WORKERS "${rank_command[@]}")
+command+=(-x HYBRID_WORKERS -x HYBRID_LAUNCHER ${HYBRID_LAUNCH_VIA:+-x HYBRID_LAUNCH_VIA} "${rank_command[@]}")
 if [ -n "$dry_run" ]; then
     echo "+ $(printf '%q ' "${command[@]}")" >&2
     exit 0

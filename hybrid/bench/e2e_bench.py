@@ -180,10 +180,8 @@ def run(*, workloads=tuple(WORKLOADS), modes=("vanilla", "herald"), shape: LinkS
         case_overrides(mode)  # a malformed case fails here, not after the first runs
     for workload in chosen:
         prepare(workload, say)
-    # Every emulated host shares this machine's cores: ranks must yield while they wait in MPI, as
-    # OpenMPI does by itself when it sees more ranks than cores on one node (it cannot see it here).
-    env = {"OMPI_MCA_mpi_yield_when_idle": "1", **(env or {})}
     ranks = max(_ranks(w, overrides) for w in chosen)
+    env = {**_one_machine(ranks), **(env or {})}
     summaries: dict = {(w.name, m): [] for w in chosen for m in modes}
     with EmulatedHosts(ranks, shape) as hosts:
         say(f"{ranks} emulated hosts, links {shape.label()}; launch/mpirun.sh --tcp {' '.join(hosts.mpirun_args())}")
@@ -207,6 +205,15 @@ def run(*, workloads=tuple(WORKLOADS), modes=("vanilla", "herald"), shape: LinkS
     return result
 
 
+def _one_machine(ranks: int) -> dict:
+    """Every emulated host shares this machine's cores, which MPI cannot see across namespaces: say so.
+
+    Each rank then decides how to wait as if its host held all ``ranks``
+    (hybrid/runtime/launch_facts.py): on this machine, yield while idle.
+    """
+    return {"HYBRID_RANKS_PER_HOST": str(ranks)}
+
+
 def _ranks(workload: Workload, overrides) -> int:
     config = load_config(str(ROOT / workload.config), [*workload.overrides, *overrides])
     return config.cluster.workers + config.cluster.ps
@@ -217,7 +224,7 @@ def run_ps(*, shape: LinkShape = LinkShape(), dims=(16, 128, 512), say=print) ->
     with EmulatedHosts(2, shape) as hosts:
         argv = [sys.executable, "-m", "hybrid", "bench", "ps", "--dims", ",".join(map(str, dims)), "--json"]
         say(f"2 emulated hosts, links {shape.label()}")
-        env = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+        env = _one_machine(2)
         result = _run(_mpirun(hosts, 2, argv, env), env, RUN_TIMEOUT_S)
         if result.returncode != 0:
             raise RuntimeError(f"bench ps failed with exit {result.returncode}:\n{result.stderr[-3000:]}")
@@ -234,7 +241,7 @@ def run_sharding(*, shape: LinkShape = LinkShape(), out: Path, iterations: int =
         argv = [sys.executable, "-m", "hybrid", "bench", "sharding", "--iterations", str(iterations),
                 "--out", str(Path(out).resolve())]
         say(f"5 emulated hosts (1 worker + 4 PS ranks), links {shape.label()}")
-        env = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+        env = _one_machine(5)
         result = _run(_mpirun(hosts, 5, argv, env), env, RUN_TIMEOUT_S)
         if result.returncode != 0:
             raise RuntimeError(f"bench sharding failed with exit {result.returncode}:\n{result.stderr[-3000:]}")

@@ -4,7 +4,8 @@ The paper suites (transmissions, cache-size, scale, quality, scheduler; all
 or paper runs them all) write JSON under ``--out``; ``report`` and ``all``
 rewrite the results section of a page (docs/results.md) from it. ``e2e``
 runs training across emulated hosts (root), ``sharding`` and ``ps`` run under
-mpirun, ``train`` times ``hybrid train`` itself.
+mpirun, ``train`` times ``hybrid train`` itself and ``launch`` the same
+training through every launch path the machine has.
 """
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ def cmd_bench(args) -> int:
         return cmd_bench_e2e(args)
     if args.name == "train":
         return cmd_bench_train(args)
+    if args.name == "launch":
+        return cmd_bench_launch(args)
     return cmd_bench_ps(args)
 
 
@@ -152,6 +155,9 @@ def cmd_bench_suites(args) -> int:
 
 def cmd_bench_sharding(args) -> int:
     """``hybrid bench sharding`` (under mpirun): every planner's plan timed through the real store."""
+    from hybrid.runtime import launch_facts
+
+    launch_facts.prepare()  # before MPI starts: how its ranks wait (docs/cluster.md)
     from hybrid.bench import result_files, sharding_bench
 
     kwargs = {"iterations": args.iterations or 30, "say": say, "cost_model": args.cost_model}
@@ -179,8 +185,25 @@ def cmd_bench_train(args) -> int:
     return 0
 
 
+def cmd_bench_launch(args) -> int:
+    """``hybrid bench launch [CONFIG] [overrides]``: one training through every launch path this machine has."""
+    from hybrid.bench import launch_bench
+
+    overrides = list(args.overrides)
+    config = overrides.pop(0) if overrides and "=" not in overrides[0] else args.config
+    names = args.paths.split(",") if args.paths else None
+    result = launch_bench.run(config=config, overrides=overrides, repeats=args.repeats, names=names, say=say)
+    print(launch_bench.format_table(result), file=text_out(args))
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
 def cmd_bench_ps(args) -> int:
     """``hybrid bench ps`` (under mpirun -n 2): the store's transports timed; only the worker rank reports."""
+    from hybrid.runtime import launch_facts
+
+    launch_facts.prepare()  # before MPI starts: how its ranks wait (docs/cluster.md)
     from hybrid.bench import ps_bench
 
     results = ps_bench.run(dims=args.dims, rows_per_op=args.rows_per_op, transports=tuple(args.transports.split(",")))
@@ -195,9 +218,9 @@ def register(subparsers) -> None:
     """Add ``bench``: one parser for every benchmark, each option saying which ones read it."""
     p = subparsers.add_parser("bench", help="benchmarks: the paper's suites (transmissions, cache-size, scale, "
                                             "quality, scheduler; all; report), ps (under mpirun -n 2), sharding "
-                                            "(under mpirun -n 5), train, e2e (root)")
+                                            "(under mpirun -n 5), train, e2e (root), launch")
     p.add_argument("name", choices=["transmissions", "cache-size", "scale", "quality", "scheduler", "report", "all",
-                                    "paper", "ps", "sharding", "train", "e2e"])
+                                    "paper", "ps", "sharding", "train", "e2e", "launch"])
     p.add_argument("--workers", type=_int_list, default=None,
                    help="scheduler, scale: worker counts (default 8,16,32,64,128); quality: 2,3,4,5,6")
     p.add_argument("--threads", type=_int_list, default=(1, 2))
@@ -219,14 +242,16 @@ def register(subparsers) -> None:
     p.add_argument("--dims", type=_int_list, default=(16, 128, 512), help="ps: row widths")
     p.add_argument("--rows-per-op", type=int, default=8192, help="ps: rows per batched operation")
     p.add_argument("--transports", default="rma,packed", help="ps: store transports to time (default: %(default)s)")
-    p.add_argument("--config", default="configs/w1-smoke.yaml", help="train: the workload (default: %(default)s)")
+    p.add_argument("--config", default="configs/w1-smoke.yaml",
+                   help="train, launch: the workload (default: %(default)s; launch also takes it first among "
+                        "the overrides)")
     p.add_argument("--sizes", default="smoke,full", help="train: the config's store and/or its full-cardinality "
                                                         "twin (default: %(default)s)")
     p.add_argument("--modes", default=None,
                    help="train, e2e (default vanilla,herald), transmissions, cache-size (default: the suite's "
                         "cases): cases to compare, each MODE[+KEY=VALUE...], the baseline first")
     p.add_argument("--repeats", type=int, default=3,
-                   help="train, e2e, scheduler: runs per case, alternating (median reported); the counting "
+                   help="train, e2e, launch, scheduler: runs per case, alternating (median reported); the counting "
                         "suites are deterministic and run once")
     p.add_argument("--full-rows", type=int, default=2_000_000, help="train: samples of the full-size store")
     p.add_argument("--bandwidth", type=_bandwidth, default="1gbit",
@@ -242,10 +267,13 @@ def register(subparsers) -> None:
                    help="sharding: neuroshard's models (hybrid shard-costs train); default: collect and train first")
     p.add_argument("--planners", default=None, help="sharding: planners to compare (default: every baseline and "
                                                     "neuroshard)")
+    p.add_argument("--paths", default=None,
+                   help="launch: the launch paths to run, comma-separated (default: every one this machine has)")
     p.add_argument("--out", default="results",
                    help="e2e and the paper suites: where the JSON and PNG go (default: %(default)s)")
     p.add_argument("--json", action="store_true",
                    help="print only the result as JSON on stdout (the tables and progress go to stderr)")
     p.add_argument("overrides", nargs="*",
-                   help="train, e2e, transmissions, cache-size, scale: config overrides key=value")
+                   help="train, e2e, launch, transmissions, cache-size, scale: config overrides key=value "
+                        "(launch: CONFIG first)")
     p.set_defaults(func=cmd_bench)

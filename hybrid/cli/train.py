@@ -17,16 +17,18 @@ from hybrid.data.store import StoreError
 
 def cmd_train(args) -> int:
     """This rank's part of the job; on an error anywhere in it, every rank ends."""
+    from hybrid.runtime import launch_facts
     from hybrid.runtime.preemption import StopRequest
 
     # first, so that a signal while torch and Horovod load also ends in a checkpoint and exit 0
     stop = StopRequest().install()  # SIGTERM/SIGINT/SIGUSR1: checkpoint, then exit 0
     config = load_config(args.config, args.overrides)
+    launch = launch_facts.prepare(config.train.threads)  # how ranks wait: MPI and torch read it as they start
     try:
         from hybrid.training import job, summary_text  # MPI starts here: from now on, every rank must end alike
 
         summary = job.run(config, log_path=args.log_jsonl, summary_path=args.summary_json,
-                          progress=not args.no_progress, resume=args.resume, stop=stop)
+                          progress=not args.no_progress, resume=args.resume, stop=stop, launch=launch)
     except (Exception, KeyboardInterrupt) as err:
         _end_the_job(err)
         raise

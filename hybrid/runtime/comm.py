@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
+from hybrid.runtime.launch_facts import HostShare
+
 
 class RoleError(ValueError):
     """The job was launched with a rank count that cannot fit the config."""
@@ -37,16 +39,22 @@ class Roles:
     node_ranks: int = 1  # ranks on this rank's machine (network namespaces of one machine included)
     node_cores: int = 1  # cores those ranks may run on, together
     stops: MPI.Comm = field(default_factory=lambda: MPI.COMM_NULL)  # world's duplicate: PS stop requests to worker 0
+    user_threads: int = 0  # train.threads (0: the default)
+
+    @property
+    def share(self) -> HostShare:
+        """This machine's ranks and cores, counted exactly (the launch decision had only the launcher's word)."""
+        return HostShare(self.node_ranks, self.node_cores, self.user_threads)
 
     @property
     def oversubscribed(self) -> bool:
-        """More ranks than cores on this host: a rank that spins while waiting takes another's core."""
-        return self.node_ranks > self.node_cores
+        """The host's ranks and their threads outnumber its cores: a rank that spins while waiting takes another's core."""
+        return not self.share.fits
 
     @property
     def threads(self) -> int:
-        """Compute threads per rank that share this host's cores without oversubscribing them."""
-        return max(1, self.node_cores // self.node_ranks)
+        """Compute threads per rank (hybrid.runtime.launch_facts.HostShare)."""
+        return self.share.compute_threads
 
     def worker_barrier(self) -> None:
         """The workers' barrier (see :meth:`worker_barrier_max`)."""
@@ -110,8 +118,8 @@ class Roles:
                 comm.Free()
 
 
-def split_roles(n_workers: int, n_ps: int, world: MPI.Comm = MPI.COMM_WORLD) -> Roles:
-    """Split ``world`` into ``n_workers`` workers and ``n_ps`` PS ranks (collective)."""
+def split_roles(n_workers: int, n_ps: int, world: MPI.Comm = MPI.COMM_WORLD, user_threads: int = 0) -> Roles:
+    """Split ``world`` into ``n_workers`` workers and ``n_ps`` PS ranks (collective); ``user_threads``: train.threads."""
     if n_workers < 1 or n_ps < 1:
         raise RoleError(f"need at least one worker and one PS rank, got {n_workers} and {n_ps}")
     if world.size != n_workers + n_ps:
@@ -124,7 +132,7 @@ def split_roles(n_workers: int, n_ps: int, world: MPI.Comm = MPI.COMM_WORLD) -> 
     everyone = world.allgather((machine, os.sched_getaffinity(0)))
     mine = [cores for other, cores in everyone if other == machine]
     return Roles(world=world, n_workers=n_workers, n_ps=n_ps, workers=workers, node_ranks=len(mine),
-                 node_cores=len(set().union(*mine)), stops=world.Dup())
+                 node_cores=len(set().union(*mine)), stops=world.Dup(), user_threads=user_threads)
 
 
 def _machine_id() -> str:

@@ -11,9 +11,11 @@ packed transfers) while the workers train.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -25,6 +27,7 @@ from hybrid.config import Config, flatten
 from hybrid.data.store import BatchStore, StoreError
 from hybrid.runtime import checkpoint as ckpt
 from hybrid.runtime.comm import check_agreement, split_roles
+from hybrid.runtime.launch_facts import YIELD_VARIABLE, LaunchFacts, decide, usable_cores
 from hybrid.runtime.link_counters import difference, link_bytes
 from hybrid.runtime.preemption import StopRequest
 from hybrid.runtime.reshard import checkpoint_plan, cold_start, files_to_verify, same_layout
@@ -45,7 +48,8 @@ def _open_stores(config: Config) -> tuple[Optional[BatchStore], Optional[BatchSt
 
 
 def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optional[str] = None,
-        progress: bool = True, resume: bool = False, stop: Optional[StopRequest] = None) -> Optional[dict]:
+        progress: bool = True, resume: bool = False, stop: Optional[StopRequest] = None,
+        launch: Optional[LaunchFacts] = None) -> Optional[dict]:
     """Train as configured; returns the summary on worker 0 and None on other ranks.
 
     ``resume``: continue from the newest usable checkpoint in
@@ -55,11 +59,13 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
     of another run) are raised on every rank alike. Later ones may be raised
     on some ranks only, with the others left in a collective: the caller
     must then end the job, as ``hybrid train`` does (print, then ``MPI_Abort``).
+    ``launch``: what :func:`hybrid.runtime.launch_facts.prepare` decided
+    before MPI started (None: MPI had started before anyone decided).
     """
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    roles = split_roles(config.cluster.workers, config.cluster.ps, world)
+    roles = split_roles(config.cluster.workers, config.cluster.ps, world, user_threads=config.train.threads)
     train, test, fingerprint = _open_stores(config)
     check_agreement(world, config=config.digest(), data=fingerprint,
                     explain={"config": flatten(config.to_dict())})
@@ -89,6 +95,8 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
     # cleanup (which would wait for ranks that never come), and `hybrid train` aborts the job.
     trainer = HybridTrainer(config, roles, train, resume=checkpoint, stop=stop, plan=plan)
     summary = _train(config, trainer, test, iterations, log_path, progress)
+    if summary is not None:
+        summary["launch"] = _launch_report(roles, launch)
     trainer.close()
     roles.free()
     if summary is not None and summary_path:
@@ -204,6 +212,30 @@ def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations:
     trainer.end_service()
     ranks = trainer.roles.world.gather({**_rank_report(trainer), "train_link_bytes": links}, root=0)
     return _summarize(config, trainer, log, seconds, evaluation, ranks) if not trainer.roles.is_ps else None
+
+
+def _launch_report(roles, launch: Optional[LaunchFacts]) -> dict:
+    """How the job was launched and how its ranks wait (docs/cluster.md).
+
+    The decision was made before MPI started, from the launcher's word on
+    how many ranks share this host; ``measured`` is the host as the ranks
+    counted it once MPI ran (network namespaces of one machine included).
+    """
+    from mpi4py import MPI
+
+    if launch is None:  # MPI started first (a test harness): report what OpenMPI itself chose
+        launch = replace(decide(os.environ, usable_cores(), roles.user_threads),
+                         decided_by="nobody: MPI had started before hybrid train could decide")
+        if not os.environ.get(YIELD_VARIABLE):
+            launch = replace(launch, yields=os.environ.get("OMPI_MCA_mpi_oversubscribe", "0") == "1")
+    library = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]  # "Open MPI v4.1.4, package: ..."
+    report = {**launch.to_dict(), "mpi": " ".join(library.split(",")[0].split()),
+              "measured": {"ranks_on_host": roles.node_ranks, "cores": roles.node_cores,
+                           "fits": roles.share.fits}}
+    if report["yields"] and "MPICH" in report["mpi"]:
+        report["yields"] = False
+        report["decided_by"] += "; MPICH has no setting to yield: its ranks spin while they wait"
+    return report
 
 
 def _rank_report(trainer: HybridTrainer) -> dict:

@@ -166,7 +166,7 @@ class HybridTrainer:
         self.scored_tables = self._agree_on_scored_tables()
         if config.train.verify_cache:
             self.scheduler.snapshot_worker = roles.worker
-        torch.set_num_threads(config.train.threads or roles.threads)
+        torch.set_num_threads(roles.threads)  # train.threads, else the host's cores per rank
         self.device = accelerator.pick_device(config.train.device, self.hvd.local_rank())
         self.staging = accelerator.Staging(self.device)
         self.model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables,

@@ -69,7 +69,21 @@ def format_breakdown(summary: dict) -> str:
                       for r in summary["ranks"] or [])
     compute = summary.get("compute")
     workers = f"\n  workers on {compute['device']}; MLP gradients: {compute['allreduce']}" if compute else ""
-    return f"  ms/iteration: {stages}\n  ranks: {ranks} (PS shard {summary['ps_shard_mb']:.0f} MB){workers}"
+    launch = f"\n  {format_launch(summary['launch'])}" if summary.get("launch") else ""
+    return f"  ms/iteration: {stages}\n  ranks: {ranks} (PS shard {summary['ps_shard_mb']:.0f} MB){workers}{launch}"
+
+
+def format_launch(launch: dict) -> str:
+    """One line: the launcher, the host's ranks, cores and threads, and whether MPI yields, with who decided."""
+    via = f" via {launch['via']}" if launch.get("via") else ""
+    measured = launch["measured"]
+    counted = ""
+    if (measured["ranks_on_host"], measured["cores"]) != (launch["ranks_on_host"], launch["cores"]):
+        counted = (f" (once MPI ran: {measured['ranks_on_host']} ranks on {measured['cores']} cores, "
+                   f"{'they fit' if measured['fits'] else 'they do not fit'})")
+    return (f"launched by {launch['launcher']}{via} on {launch['mpi']}: {launch['ranks_on_host']} ranks on "
+            f"{launch['cores']} cores{counted}, {launch['compute_threads']} compute + 1 waiting thread each; "
+            f"MPI {'yields' if launch['yields'] else 'spins'} while idle ({launch['decided_by']})")
 
 
 def compare_summaries(summaries: list[dict]) -> str:

@@ -153,6 +153,11 @@ def test_training_reports_throughput_transmissions_and_auc(store_path, tmp_path_
         else:
             assert summary["compute"] == {"device": "cpu", "allreduce": "Horovod mpi: CPU workers"}
         assert "workers on " in format_breakdown(summary)
+        # MPI started with pytest, before hybrid train could decide: the summary says so, and counts the host
+        launch = summary["launch"]
+        assert launch["decided_by"] == "nobody: MPI had started before hybrid train could decide"
+        assert launch["measured"]["ranks_on_host"] == world.size and launch["mpi"]
+        assert "MPI had started before" in format_breakdown(summary)
     else:
         assert summary is None
 

@@ -30,9 +30,9 @@ fail() {
     exit 1
 }
 
-# submit_and_wait NAME TEMPLATE ITERATIONS: a plain run to the end.
+# submit_and_wait NAME TEMPLATE ITERATIONS LAUNCHED: a plain run to the end, launched as LAUNCHED says.
 submit_and_wait() {
-    local name=$1 template=$2 iterations=$3 status=0
+    local name=$1 template=$2 iterations=$3 launched=$4 status=0
     echo "== $template: $iterations iterations"
     timeout "$WAIT" sbatch --wait --parsable --ntasks=4 -o "$work/$name.out" "launch/slurm/$template" \
         configs/w1-smoke.yaml "data.path=$work/store" train.batch_per_worker=16 "train.iterations=$iterations" \
@@ -41,7 +41,13 @@ submit_and_wait() {
     [ "$status" -eq 0 ] || fail "$template exited $status"
     grep -q "w1-smoke herald: 3 workers + 1 PS, $iterations iterations" "$work/$name.out" \
         || fail "$template did not report $iterations iterations"
+    # 4 ranks on this machine's cores: each rank decides to yield while it waits in MPI (docs/cluster.md)
+    if [ "$(nproc)" -lt 8 ]; then
+        grep -q "launched by $launched on .*MPI yields while idle (hybrid: 4 ranks x 2 threads >" "$work/$name.out" \
+            || fail "$template: its ranks did not report '$launched' and yielding"
+    fi
     echo "ok: $(grep 'w1-smoke herald' "$work/$name.out")"
+    echo "ok: $(grep -o 'launched by .*' "$work/$name.out")"
 }
 
 # preempt_and_resume NAME TEMPLATE SCANCEL_OPTION SIGNAL_SEEN: stopped after 30 iterations, requeued, resumed.
@@ -78,8 +84,8 @@ print(f"ok: stopped after {first['iterations']} iterations ({first['stopped_by']
 PY
 }
 
-submit_and_wait single single-node.sbatch 30
-submit_and_wait srun train.sbatch 30
+submit_and_wait single single-node.sbatch 30 "mpirun via single-node.sbatch"
+submit_and_wait srun train.sbatch 30 "srun via train.sbatch"
 preempt_and_resume single-preempted single-node.sbatch -b SIGUSR1
 preempt_and_resume srun-preempted train.sbatch "" SIGTERM
 echo "Slurm templates: all passed"

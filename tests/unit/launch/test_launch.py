@@ -67,5 +67,5 @@ def test_ps_ranks_never_get_a_gpu_and_workers_get_one_each(tmp_path):
     assert _rank_env(tmp_path, rank=1, local_rank=1, gpus=4)["CUDA_VISIBLE_DEVICES"] == "1"
     assert _rank_env(tmp_path, rank=2, local_rank=2, gpus=2)["CUDA_VISIBLE_DEVICES"] == "0"
     assert "CUDA_VISIBLE_DEVICES" not in _rank_env(tmp_path, rank=0, local_rank=0, gpus=0)
-    threads = int(_rank_env(tmp_path, rank=0, local_rank=0, gpus=0)["OMP_NUM_THREADS"])
-    assert threads == max(1, int(subprocess.check_output(["nproc"])) // 4)
+    # threads are the rank's own decision, made before MPI starts (hybrid/runtime/launch_facts.py)
+    assert "OMP_NUM_THREADS" not in _rank_env(tmp_path, rank=0, local_rank=0, gpus=0)

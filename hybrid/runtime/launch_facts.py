@@ -1,0 +1,179 @@
+"""How a rank was launched, and how it must wait: the one place that decides (docs/cluster.md).
+
+A rank that waits in MPI busy-polls by default: it keeps a core spinning
+until its message arrives. That is fastest when every thread on the host has
+a core of its own and ruinous when they do not: four ranks on two cores, each
+with Horovod's background thread, took the CPU from one another and trained
+6x slower under horovodrun and Slurm than under ``launch/mpirun.sh``, where
+OpenMPI happened to see the oversubscription and yield (issue 27).
+
+Before MPI starts, every rank counts what runs on its host: the ranks the
+launcher put there (each launcher says so in its own environment variable),
+and per rank its compute threads plus one thread that waits in MPI
+(Horovod's background thread on a worker, the serving loop on a PS rank),
+against the cores it may run on. When they do not fit it makes OpenMPI yield
+while idle (``OMPI_MCA_mpi_yield_when_idle=1``); a user's own setting of
+that parameter (environment, ``mpirun --mca``, an MCA parameter file) wins.
+The same count gives each rank's compute threads (``train.threads`` wins)
+and, after MPI starts, how the runtime's own waits poll
+(:class:`hybrid.runtime.comm.Roles`).
+
+Nothing here imports MPI: :func:`prepare` must run before ``mpi4py.MPI``.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping, MutableMapping, Optional
+
+YIELD_VARIABLE = "OMPI_MCA_mpi_yield_when_idle"
+WAITING_THREADS = 1  # per rank, a thread that waits in MPI: Horovod's background thread, a PS rank's loop
+# OpenMPI reads MCA parameters from these files too (the user's first); Debian's system file
+MCA_FILES = (Path.home() / ".openmpi" / "mca-params.conf", Path("/etc/openmpi/openmpi-mca-params.conf"))
+
+
+@dataclass(frozen=True)
+class HostShare:
+    """``ranks`` ranks sharing ``cores`` cores, each with ``compute_threads`` (0: the default)."""
+
+    ranks: int
+    cores: int
+    user_threads: int = 0
+
+    @property
+    def compute_threads(self) -> int:
+        """``train.threads``, else the cores per rank less one for the thread that waits in MPI (at least 1)."""
+        if self.user_threads:
+            return self.user_threads
+        per_rank = self.cores // max(1, self.ranks)
+        return per_rank - WAITING_THREADS if per_rank > WAITING_THREADS else 1
+
+    @property
+    def threads_per_rank(self) -> int:
+        return self.compute_threads + WAITING_THREADS
+
+    @property
+    def fits(self) -> bool:
+        """Every thread of every rank on the host has a core: a rank may spin while it waits."""
+        return self.ranks * self.threads_per_rank <= self.cores
+
+    def describe(self) -> str:
+        return (f"{self.ranks} ranks x {self.threads_per_rank} threads "
+                f"{'<=' if self.fits else '>'} {self.cores} cores")
+
+
+@dataclass(frozen=True)
+class LaunchFacts:
+    """What the summary reports about the launch (``summary["launch"]``)."""
+
+    launcher: str  # horovodrun, mpirun, srun, mpiexec (MPICH) or none (one process)
+    via: Optional[str]  # the sbatch template that ran the launcher, if any
+    ranks_on_host: int
+    ranks_on_host_from: str  # the variable that said so
+    cores: int
+    compute_threads: int
+    threads_per_rank: int
+    yields: bool
+    decided_by: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def launcher(environ: Mapping[str, str]) -> str:
+    """Which launcher started this process: the project's scripts say so, else the launcher's own variables."""
+    if environ.get("HYBRID_LAUNCHER"):
+        return environ["HYBRID_LAUNCHER"]
+    if "OMPI_COMM_WORLD_SIZE" in environ:
+        return "mpirun"
+    if "SLURM_STEP_ID" in environ and ("PMIX_RANK" in environ or "PMI_RANK" in environ):
+        return "srun"
+    if "PMI_RANK" in environ:
+        return "mpiexec (MPICH)"
+    return "none"
+
+
+def ranks_on_host(environ: Mapping[str, str]) -> tuple[int, str]:
+    """The ranks the launcher put on this host, and the variable that said so (1 and 'none' alone).
+
+    Ranks of one machine in separate network namespaces look like separate
+    hosts here; :class:`hybrid.runtime.comm.Roles` counts them exactly once
+    MPI has started, and the summary reports both.
+    """
+    # HYBRID_RANKS_PER_HOST: a launcher that knows better (hybrid bench e2e: namespaces of one machine)
+    for name in ("HYBRID_RANKS_PER_HOST", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        if environ.get(name, "").isdigit():
+            return int(environ[name]), name
+    per_node = _slurm_tasks_here(environ.get("SLURM_STEP_TASKS_PER_NODE", ""), environ.get("SLURM_NODEID", "0"))
+    if per_node:
+        return per_node, "SLURM_STEP_TASKS_PER_NODE"
+    return 1, "none"
+
+
+def _slurm_tasks_here(spec: str, node_id: str) -> int:
+    """Tasks on node ``node_id`` from Slurm's compressed per-node list, e.g. ``'5(x2),4'`` (0: unknown)."""
+    counts = []
+    for part in filter(None, spec.split(",")):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            return 0
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    index = int(node_id) if node_id.isdigit() else 0
+    return counts[index] if index < len(counts) else 0
+
+
+def user_yield_setting(environ: Mapping[str, str], files=MCA_FILES) -> Optional[tuple[bool, str]]:
+    """Whether the user asked OpenMPI to yield, and where, or None: theirs wins over this module's."""
+    if YIELD_VARIABLE in environ:
+        return _is_true(environ[YIELD_VARIABLE]), f"{YIELD_VARIABLE}={environ[YIELD_VARIABLE]}"
+    for path in files:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            match = re.fullmatch(r"\s*mpi_yield_when_idle\s*=\s*(\S+)\s*", line.split("#", 1)[0])
+            if match:
+                return _is_true(match.group(1)), f"mpi_yield_when_idle={match.group(1)} in {path}"
+    return None
+
+
+def _is_true(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on", "t", "y")
+
+
+def decide(environ: Mapping[str, str], cores: int, user_threads: int = 0, files=MCA_FILES) -> LaunchFacts:
+    """The decision for a rank with this environment and ``cores`` usable cores (pure: changes nothing)."""
+    ranks, source = ranks_on_host(environ)
+    share = HostShare(ranks, cores, user_threads)
+    user = user_yield_setting(environ, files)
+    if user is not None:
+        yields, why = user[0], f"user: {user[1]}"
+    else:
+        yields, why = not share.fits, f"hybrid: {share.describe()}"
+    return LaunchFacts(launcher=launcher(environ), via=environ.get("HYBRID_LAUNCH_VIA") or None,
+                       ranks_on_host=ranks, ranks_on_host_from=source, cores=cores,
+                       compute_threads=share.compute_threads, threads_per_rank=share.threads_per_rank,
+                       yields=yields, decided_by=why)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a cgroup's or a binding's limit included)."""
+    return len(os.sched_getaffinity(0))
+
+
+def prepare(user_threads: int = 0, environ: Optional[MutableMapping[str, str]] = None) -> LaunchFacts:
+    """Decide, then set what MPI and OpenMP read when they start; call before ``mpi4py.MPI`` and torch load.
+
+    Sets ``OMPI_MCA_mpi_yield_when_idle=1`` where the ranks do not fit (never
+    over a user's setting) and ``OMP_NUM_THREADS`` to the compute threads
+    where unset.
+    """
+    environ = os.environ if environ is None else environ
+    facts = decide(environ, usable_cores(), user_threads)
+    if facts.yields and facts.decided_by.startswith("hybrid"):
+        environ[YIELD_VARIABLE] = "1"
+    environ.setdefault("OMP_NUM_THREADS", str(facts.compute_threads))
+    return facts
