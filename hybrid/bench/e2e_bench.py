@@ -166,6 +166,7 @@ def case_report(summaries: list[dict], link: str) -> dict:
             "per_worker_link": worker_link,
         },
         "host_bytes_whole_run": last["host_bytes"],
+        "launch": last.get("launch"),  # how the ranks decided to wait (HYBRID_RANKS_PER_HOST: one machine)
     }
 
 

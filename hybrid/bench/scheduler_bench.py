@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,8 @@ class BenchRow:
     iterations: int
     ms: dict  # stage -> mean milliseconds per global batch (the median over repeats)
     total_runs_ms: list = field(default_factory=list)  # each repeat's total
+    memory: dict = field(default_factory=dict)  # what the scheduler holds on a rank (measure_memory)
+    speedup: float = 1.0  # over the same case on one thread: the median of per-repeat ratios
 
     @property
     def total_ms(self) -> float:
@@ -56,7 +59,8 @@ class BenchRow:
         return {"workers": self.workers, "batch_per_worker": self.batch_per_worker, "threads": self.threads,
                 "laia": self.laia, "iterations": self.iterations,
                 **{f"{k}_ms": round(v, 4) for k, v in self.ms.items()}, "total_ms": round(self.total_ms, 4),
-                "total_runs_ms": [round(t, 4) for t in self.total_runs_ms]}
+                "total_runs_ms": [round(t, 4) for t in self.total_runs_ms],
+                "speedup_vs_1_thread": round(self.speedup, 3), **self.memory}
 
 
 def synthetic_batches(n_samples: int, scale: float, seed: int = 0):
@@ -71,16 +75,49 @@ VARIANTS = {"exact": ["scheduler.laia=exact"], "chunked": ["scheduler.laia=chunk
             "cost": ["scheduler.laia=exact", "scheduler.scoring=cost", "scheduler.order=confident"]}
 
 
-def run_case(sparse, cardinalities, *, workers: int, batch_per_worker: int, threads: int, laia: str,
-             iterations: int, warmup: int, cache_ratio: float) -> BenchRow:
+def _config(*, workers: int, batch_per_worker: int, threads: int, laia: str, cache_ratio: float):
     if laia not in VARIANTS:
         raise ValueError(f"LAIA variant {laia!r}: one of {', '.join(VARIANTS)}")
-    config = load_config(None, [f"cluster.workers={workers}", f"train.batch_per_worker={batch_per_worker}",
-                                f"scheduler.threads={threads}", *VARIANTS[laia], "scheduler.mode=herald",
-                                f"scheduler.chunks={max(8, threads * 4)}", f"cache.ratio={cache_ratio}"])
+    return load_config(None, [f"cluster.workers={workers}", f"train.batch_per_worker={batch_per_worker}",
+                              f"scheduler.threads={threads}", *VARIANTS[laia], "scheduler.mode=herald",
+                              f"scheduler.chunks={max(8, threads * 4)}", f"cache.ratio={cache_ratio}"])
+
+
+def _batches(sparse, batch: int, count: int):
+    return (sparse[(i * batch) % (len(sparse) - batch + 1):][:batch] for i in range(count))
+
+
+def measure_memory(sparse, cardinalities, *, workers: int, batch_per_worker: int, laia: str, warmup: int,
+                   cache_ratio: float) -> dict:
+    """What the scheduler holds on one rank after ``warmup`` batches, as Python's allocator traces it.
+
+    NumPy reports its arrays to ``tracemalloc``, and the cluster state keeps
+    all its memory in NumPy arrays, so this is the state (every worker's
+    cache slots, the row holder sets, the need and event buffers) plus the
+    policy's scratch. Untimed: tracing slows allocation.
+    """
+    config = _config(workers=workers, batch_per_worker=batch_per_worker, threads=1, laia=laia,
+                     cache_ratio=cache_ratio)
+    tracemalloc.start()
+    try:
+        scheduler = modes.scheduler_for(config, cardinalities=cardinalities, worker=0)
+        for _ in scheduler.plans(_batches(sparse, config.global_batch, warmup)):
+            pass
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    slots = workers * scheduler.state.capacity
+    return {"memory_mb": round(held / 2**20, 2), "peak_memory_mb": round(peak / 2**20, 2),
+            "cache_slots": int(slots), "bytes_per_slot": round(held / slots, 1)}
+
+
+def run_case(sparse, cardinalities, *, workers: int, batch_per_worker: int, threads: int, laia: str,
+             iterations: int, warmup: int, cache_ratio: float) -> BenchRow:
+    config = _config(workers=workers, batch_per_worker=batch_per_worker, threads=threads, laia=laia,
+                     cache_ratio=cache_ratio)
     batch = config.global_batch
     scheduler = modes.scheduler_for(config, cardinalities=cardinalities, worker=0)  # as a worker runs it
-    batches = (sparse[(i * batch) % (len(sparse) - batch + 1):][:batch] for i in range(warmup + iterations))
+    batches = _batches(sparse, batch, warmup + iterations)
     totals = dict.fromkeys(STAGES, 0.0)
     for plan in scheduler.plans(batches):
         if plan.step >= warmup:
@@ -113,8 +150,19 @@ def run(*, workers=WORKERS, threads=(1, 2), batch_per_worker=(128,), laia=tuple(
                 run_case(sparse, cardinalities, workers=n, batch_per_worker=b, threads=t, laia=variant,
                          iterations=iterations, warmup=warmup, cache_ratio=cache_ratio))
             say(f"repeat {repeat + 1}/{repeats}: {format_row(runs[(n, b, t, variant)][-1])}")
+    rows = {case: median_row(runs[case]) for case in cases}
+    memory = {}
+    for n, b, t, variant in cases:
+        if (n, b, variant) not in memory:  # the state does not depend on the thread count
+            memory[(n, b, variant)] = measure_memory(sparse, cardinalities, workers=n, batch_per_worker=b,
+                                                     laia=variant, warmup=warmup, cache_ratio=cache_ratio)
+        row = rows[(n, b, t, variant)]
+        row.memory = memory[(n, b, variant)]
+        one = runs.get((n, b, 1, variant))
+        if one:
+            row.speedup = statistics.median(a.total_ms / r.total_ms for a, r in zip(one, runs[(n, b, t, variant)]))
     return {"scale": scale, "cache_ratio": cache_ratio, "warmup": warmup, "repeats": repeats, "paper": PAPER,
-            "rows": [median_row(runs[case]).to_dict() for case in cases]}
+            "rows": [rows[case].to_dict() for case in cases]}
 
 
 HEADER = f"{'workers':>8}{'batch/w':>8}{'threads':>8}{'laia':>9}{'scoring':>9}{'alloc':>9}{'update':>9}" \
@@ -127,22 +175,27 @@ def format_row(row: BenchRow) -> str:
 
 
 def format_table(result: dict) -> str:
-    """The rows of medians (a row dict holds ``STAGE_ms``)."""
-    lines = [HEADER]
+    """The rows of medians (a row dict holds ``STAGE_ms``), each thread count's speed-up and the memory per rank."""
+    lines = [HEADER + f"{'speed-up':>9}{'MB/rank':>9}{'B/slot':>8}"]
     for r in result["rows"]:
         lines.append(f"{r['workers']:>8}{r['batch_per_worker']:>8}{r['threads']:>8}{r['laia']:>9}"
-                     + "".join(f"{r[f'{s}_ms']:>9.3f}" for s in STAGES) + f"{r['total_ms']:>10.3f}")
-    return f"ms per global batch, median of {result['repeats']} runs\n" + "\n".join(lines)
+                     + "".join(f"{r[f'{s}_ms']:>9.3f}" for s in STAGES) + f"{r['total_ms']:>10.3f}"
+                     + f"{r.get('speedup_vs_1_thread', 1.0):>8.2f}x{r.get('memory_mb', 0.0):>9.1f}"
+                     f"{r.get('bytes_per_slot', 0.0):>8.1f}")
+    return (f"ms per global batch, median of {result['repeats']} runs; speed-up over one thread (median of "
+            f"per-repeat ratios); the scheduler's memory on one rank (all workers' cache slots)\n" + "\n".join(lines))
 
 
 def markdown(document: dict) -> str:
     result = document["result"]
-    rows = [[r["workers"], r["threads"], r["laia"], *(f"{r[f'{s}_ms']:.3f}" for s in STAGES), f"{r['total_ms']:.3f}"]
+    rows = [[r["workers"], r["threads"], r["laia"], *(f"{r[f'{s}_ms']:.3f}" for s in STAGES), f"{r['total_ms']:.3f}",
+             f"{r['speedup_vs_1_thread']:.2f}x" if "speedup_vs_1_thread" in r else "",
+             f"{r['memory_mb']:.1f}" if "memory_mb" in r else ""]
             for r in result["rows"]]
     rows.append(["paper (testbed)", 16, "static", PAPER["fig12_scoring_ms"], PAPER["fig12_allocation_ms"],
-                 "figure only", "figure only", PAPER["fig12_total_ms_16_threads"]])
+                 "figure only", "figure only", PAPER["fig12_total_ms_16_threads"], "", ""])
     table = markdown_table(["workers", "threads", "LAIA", "scoring", "allocation", "state update", "plan",
-                            "total ms"], rows)
+                            "total ms", "speed-up over 1 thread", "MB per rank"], rows)
     row = result["rows"][0]
     return (f"Milliseconds per global batch of {row['batch_per_worker']} samples per worker, herald mode, 26 "
             f"Criteo-like tables at scale {result['scale']}, {int(100 * result['cache_ratio'])}% caches, "

@@ -130,18 +130,25 @@ def test_report_refuses_a_directory_without_results_and_leaves_the_page(tmp_path
 
 
 def test_scheduler_bench_reports_every_stage_as_medians(capsys, tmp_path):
-    assert main(["bench", "scheduler", "--workers", "2", "--threads", "1", "--iterations", "3",
+    assert main(["bench", "scheduler", "--workers", "2", "--threads", "1,2", "--iterations", "3",
                  "--batch-per-worker", "8", "--scale", "0.001", "--repeats", "2", "--out", str(tmp_path),
                  "--json"]) == 0
     document = json.loads(capsys.readouterr().out)  # stdout is the JSON alone
     assert document == json.loads((tmp_path / "scheduler.json").read_text())
     assert document["repeats"].startswith("2 runs per case") and _is_png(tmp_path / "scheduler.png")
     rows = document["result"]["rows"]
-    assert [(r["workers"], r["laia"]) for r in rows] == [(2, "exact"), (2, "chunked"), (2, "cost")]
+    assert [(r["workers"], r["threads"], r["laia"]) for r in rows] == [
+        (2, t, laia) for t in (1, 2) for laia in ("exact", "chunked", "cost")]
     for row in rows:
         stages = [row[f"{s}_ms"] for s in scheduler_bench.STAGES]
         assert all(ms > 0 for ms in stages) and len(row["total_runs_ms"]) == 2
         assert abs(row["total_ms"] - sum(stages)) < 1e-3
+        # the speed-up is the median of per-repeat ratios to the one-thread case; one thread is 1.0 by definition
+        one = next(r for r in rows if r["threads"] == 1 and r["laia"] == row["laia"])
+        ratios = sorted(a / b for a, b in zip(one["total_runs_ms"], row["total_runs_ms"]))
+        assert row["speedup_vs_1_thread"] == pytest.approx(sum(ratios) / 2, abs=1e-3)
+        # memory per rank: every worker's slots (2 workers) at least 4 bytes each, the same at any thread count
+        assert row["memory_mb"] > 0 and row["bytes_per_slot"] > 4 and row["memory_mb"] == one["memory_mb"]
 
 
 def test_quality_is_brute_force_over_policy_transmissions_after_the_warm_up():
