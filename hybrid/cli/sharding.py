@@ -86,6 +86,9 @@ def cmd_shard_costs(args) -> int:
 
 def _collect_costs(args) -> int:
     """``shard-costs collect``: every rank takes part; only the worker writes the samples and reports."""
+    from hybrid.runtime import launch_facts
+
+    launch_facts.prepare()  # before MPI starts: how its ranks wait (docs/cluster.md)
     from hybrid.sharding import cost_data
 
     data = cost_data.collect(serving_samples=args.serving_samples, comm_samples=args.comm_samples,
