@@ -14,7 +14,8 @@ the same config and overrides:
   one-node Slurm started here (``launch/slurm/local_slurm.sh``) and stopped
   after. ``hetjob.sbatch`` names example partitions and is not run.
 
-Paths alternate within each repeat and the report keeps medians, so a noisy
+Every path runs from the repository root (the templates need it), so
+relative paths in the overrides are read from there. Paths alternate within each repeat and the report keeps medians, so a noisy
 machine slows them alike. Per path: samples/s (median), its ratio to the
 fastest path (the median of the ratios within each repeat),
 allreduce and barrier ms per iteration, and what the ranks decided about
@@ -92,10 +93,10 @@ class LocalSlurm:
     """The Slurm that ``sbatch`` reaches, or a one-node Slurm started here (root) and stopped on exit."""
 
     def __init__(self, say: Callable[[str], None]):
-        self.say, self.started = say, False
+        self.say, self.started, self.conf = say, False, os.environ.get("SLURM_CONF")
 
     def __enter__(self) -> "LocalSlurm":
-        reachable = shutil.which("sbatch") and subprocess.run(["sinfo"], capture_output=True).returncode == 0
+        reachable = shutil.which("sinfo") and subprocess.run(["sinfo"], capture_output=True).returncode == 0
         if not reachable:
             self.say("starting a one-node Slurm here (launch/slurm/local_slurm.sh)")
             started = subprocess.run(["bash", str(SLURM), "start"], capture_output=True, text=True)
@@ -109,6 +110,10 @@ class LocalSlurm:
     def __exit__(self, *exc) -> None:
         if self.started:
             subprocess.run(["bash", str(SLURM), "stop"], capture_output=True)
+            if self.conf is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = self.conf
 
 
 def run_once(path: LaunchPath, config: str, overrides: list[str], ranks: int) -> dict:
@@ -118,8 +123,8 @@ def run_once(path: LaunchPath, config: str, overrides: list[str], ranks: int) ->
         args = [*overrides, f"train.checkpoint_dir={tmp}/checkpoints"]
         command = path.command(config, args, ranks, summary, out)
         result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=RUN_TIMEOUT_S)
-        if path.kind == "sbatch" and result.returncode == 0:
-            job = result.stdout.strip().split(";")[0]
+        job = result.stdout.strip().split(";")[0] if path.kind == "sbatch" else ""
+        if job.isdigit():  # the template's files: the summary comes here, the rest goes
             written = [ROOT / "results" / f"{job}-0.json", ROOT / "results" / f"{job}-0.jsonl"]
             if written[0].is_file():
                 shutil.move(str(written[0]), summary)
@@ -147,6 +152,7 @@ def run(*, config: str, overrides=(), repeats: int = 3, names=None, say=print) -
     """``{"paths": [report, ...], "skipped": {name: why}}``, paths alternating within each repeat."""
     resolved = load_config(config, list(overrides))  # a bad config fails here, before any launch
     ranks = resolved.cluster.workers + resolved.cluster.ps
+    shown, config = config, str(Path(config).resolve())  # every path runs from the repository root
     paths, skipped = available(say, names)
     if not paths:
         raise ValueError("no launch path to run on this machine: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
@@ -162,7 +168,7 @@ def run(*, config: str, overrides=(), repeats: int = 3, names=None, say=print) -
     for r in reports:  # the median of per-repeat ratios: runs of one repeat are minutes apart, so drift cancels
         r["of_fastest"] = round(statistics.median(
             a / b for a, b in zip(r["samples_per_s_runs"], fastest["samples_per_s_runs"])), 3)
-    return {"config": config, "overrides": list(overrides), "ranks": ranks, "repeats": repeats,
+    return {"config": shown, "overrides": list(overrides), "ranks": ranks, "repeats": repeats,
             "paths": reports, "skipped": skipped}
 
 
