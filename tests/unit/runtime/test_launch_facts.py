@@ -41,10 +41,10 @@ def test_the_users_own_setting_wins_either_way(tmp_path):
 
 
 def test_prepare_sets_what_mpi_and_openmp_read_and_never_overrides_the_user():
-    environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "64"}  # more ranks than any test machine has cores
+    environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "4096"}  # more ranks than any test machine has cores
     facts = prepare(environ=environ)
     assert facts.yields and environ[YIELD_VARIABLE] == "1" and environ["OMP_NUM_THREADS"] == "1"
-    environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "64", YIELD_VARIABLE: "0", "OMP_NUM_THREADS": "3"}
+    environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "4096", YIELD_VARIABLE: "0", "OMP_NUM_THREADS": "3"}
     prepare(environ=environ)
     assert environ[YIELD_VARIABLE] == "0" and environ["OMP_NUM_THREADS"] == "3"
 
