@@ -5,7 +5,7 @@ until its message arrives. That is fastest when every thread on the host has
 a core of its own and ruinous when they do not: four ranks on two cores, each
 with Horovod's background thread, took the CPU from one another and trained
 6x slower under horovodrun and Slurm than under ``launch/mpirun.sh``, where
-OpenMPI happened to see the oversubscription and yield (issue 27).
+OpenMPI happened to see the oversubscription and yield.
 
 Before MPI starts, every rank counts what runs on its host: the ranks the
 launcher put there (each launcher says so in its own environment variable),
@@ -36,7 +36,7 @@ MCA_FILES = (Path.home() / ".openmpi" / "mca-params.conf", Path("/etc/openmpi/op
 
 @dataclass(frozen=True)
 class HostShare:
-    """``ranks`` ranks sharing ``cores`` cores, each with ``compute_threads`` (0: the default)."""
+    """``ranks`` ranks sharing ``cores`` cores; ``user_threads``: train.threads (0: the default compute threads)."""
 
     ranks: int
     cores: int

@@ -34,7 +34,7 @@ def test_the_table_names_each_paths_decision_and_its_share_of_the_fastest():
 
 
 def test_horovodrun_and_a_plain_mpirun_that_sees_no_oversubscription_yield_here(tmp_path):
-    """The paths that spun before (issue 27): their ranks now decide to yield, and say so in the summary."""
+    """The paths whose ranks spun before (docs/cluster.md#how-ranks-wait): they now decide to yield, and say so in the summary."""
     if len(os.sched_getaffinity(0)) >= 6:
         pytest.skip("3 ranks fit this machine's cores: nothing to yield for")
     store = tmp_path / "store"

@@ -10,7 +10,7 @@ NO_FILES = ()  # no MCA parameter files: only the environment speaks for the use
 
 
 def test_more_ranks_and_threads_than_cores_make_mpi_yield():
-    # horovodrun's and Slurm's way of starting 4 ranks on this 2-core machine (issue 27)
+    # horovodrun's and Slurm's way of starting 4 ranks on a 2-core machine
     facts = decide({"OMPI_COMM_WORLD_LOCAL_SIZE": "4", "HYBRID_LAUNCHER": "horovodrun"}, cores=2, files=NO_FILES)
     assert facts.yields and facts.ranks_on_host == 4 and facts.launcher == "horovodrun"
     assert facts.compute_threads == 1 and facts.decided_by == "hybrid: 4 ranks x 2 threads > 2 cores"
