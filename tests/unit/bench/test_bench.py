@@ -145,6 +145,7 @@ def test_scheduler_bench_reports_every_stage_as_medians(capsys, tmp_path):
         assert abs(row["total_ms"] - sum(stages)) < 1e-3
         # the speed-up is the median of per-repeat ratios to the one-thread case; one thread is 1.0 by definition
         one = next(r for r in rows if r["threads"] == 1 and r["laia"] == row["laia"])
+        # (the JSON rounds the speed-up to 3 decimals, each repeat's total to the nanosecond)
         ratios = sorted(a / b for a, b in zip(one["total_runs_ms"], row["total_runs_ms"]))
         assert row["speedup_vs_1_thread"] == pytest.approx(sum(ratios) / 2, abs=1e-3)
         # memory per rank: every worker's slots (2 workers) at least 4 bytes each, the same at any thread count
