@@ -33,18 +33,30 @@ while that iteration computes. For one *focus* worker (the runtime's own)
 ``set_needs`` also builds the per-sample index of its unique rows
 (``focus_needs``).
 
+Threads (``threads``, docs/design.md section 3): every call runs across
+them, and its events, state and digest are those of one thread. Workers'
+needs, pulls and updates run one worker per thread, each writing its own
+cache, its own events (a region per worker) and its own holder bit of a row
+(atomically: other workers' bits share the word); rows' holders after the
+update and the plan's pushes run by row. The insert-only hash sets (needs,
+written rows) take entries by compare-and-swap, so where a row lands in
+them depends on timing, never whether it is there.
+
 Memory, per rank: 8 bytes per embedding row per 64 holders (the holder bits),
 24 bytes per cache slot of every worker (4 row + 8 replacement links + 12 for
 the row -> slot table of 8-byte entries at load <= 2/3; LFU adds 4), and
 scratch that follows the global batch (the needs table, the written-row sets
-and the event records: about 355 bytes per (worker, row) pair of a batch).
+and the event records: about 350 bytes per (worker, row) pair of a batch).
 Nothing per iteration touches an array of table or cache size.
 """
 import hashlib
 
 import numpy as np
+from cython.parallel cimport prange, threadid
 from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.string cimport memset
 
+from atomics cimport and_u64, cas_i64, fetch_add_i64, fetch_or_u64, load_i64, store_i64
 from counter_hash cimport mix64
 
 cdef extern from *:
@@ -57,6 +69,7 @@ cdef extern from *:
 cdef enum:
     AHEAD = 8
     LFU_BUCKETS = 256
+    NEED_BLOCK = 64  # need indices a thread takes at once: threads share no counter and few cache lines
 
 # Event kinds recorded by train() and plan(); the runtime executes them, the
 # simulator counts them (docs/design.md section 6).
@@ -131,6 +144,7 @@ cdef class ClusterState:
     cdef readonly int64_t max_pairs          # (row, worker) needs one iteration may hold
     cdef public int focus                    # worker whose per-sample index set_needs builds (-1: none)
     cdef readonly bint annotate              # mark prefetchable pulls and hash the events (the runtime's needs)
+    cdef readonly int threads                # OpenMP threads of set_needs, train and plan (results do not depend on it)
     # HET (staleness >= 0; docs/design.md section 7): PS versions (updates pushed per row),
     # and per cache slot the version its value has seen and its updates not yet pushed
     cdef readonly int staleness
@@ -161,12 +175,15 @@ cdef class ClusterState:
 
     # Needs of the current iteration: distinct rows (found through an
     # epoch-tagged hash table of batch size: no per-row array), their worker
-    # sets, and (worker, row) pairs sorted by worker.
-    cdef int64_t[::1] need_table             # entry i: [2i] row, [2i + 1] epoch << 32 | index in need_rows
+    # sets, and (worker, row) pairs sorted by worker. Threads insert rows as
+    # they come, so a row's index among the needs depends on timing; nothing
+    # reads that order (pairs and events follow workers and samples).
+    cdef int64_t[::1] need_table             # entry i: [2i] epoch << 32 | row, [2i + 1] epoch << 32 | need index
     cdef int need_shift
     cdef int64_t need_mask
     cdef int32_t epoch
-    cdef int64_t n_need
+    cdef int64_t n_need                      # need indices handed out; a thread's unused ones hold row -1
+    cdef int64_t[::1] need_claim             # thread t: next and end of its block of need indices at [8t]
     cdef int64_t[::1] need_rows
     cdef uint64_t[::1] need_masks            # n_need * words, same bit layout as holders
     cdef int64_t n_pairs
@@ -177,14 +194,16 @@ cdef class ClusterState:
     cdef int32_t[::1] pair_source            # P2P: worker sending the pair's row (EMPTY: none)
     cdef int32_t[::1] pair_source_slot
     cdef int32_t[::1] need_trainers          # workers needing each row
-    cdef int32_t[::1] need_turn              # update() scratch: trainers of each row seen so far
     cdef readonly int accumulate_rounds      # most trainers of one shared row in the last train() (0: none)
-    cdef int64_t[::1] tmp_row                # set_needs scratch
-    cdef int32_t[::1] tmp_worker
-    cdef int32_t[::1] tmp_need
-    cdef int32_t[::1] tmp_pos                # scratch pair -> its position after sorting by worker
-    cdef int64_t[::1] worker_fill
+    cdef int64_t[::1] tmp_row                # set_needs scratch: each worker's pairs at its samples' offset
+    cdef int32_t[::1] tmp_need               # (and plan(): the owner pushing each pair's row, or EMPTY)
+    cdef int64_t[::1] sample_order           # samples by worker, in batch order within a worker
+    cdef int64_t[::1] sample_start           # samples of worker w: sample_order[sample_start[w]:sample_start[w+1]]
+    cdef int64_t[::1] worker_fill            # per worker: its pairs (set_needs), its pull events (train)
     cdef int64_t[::1] worker_start           # pairs of worker w: [worker_start[w], worker_start[w+1])
+    cdef int64_t[::1] worker_kinds           # events of the last call per worker and kind [w * N_KINDS + kind]
+    cdef int64_t[::1] worker_bad             # per worker: -1, or what pull_worker refused
+    cdef int64_t[::1] chunk_fill             # plan(): pushes per chunk of pairs, then where the chunk's start
     cdef bint needs_ready
     cdef int n_tables                        # columns of the last set_needs batch
     # focus worker: its samples and, per (sample, table), the position of the row among its pairs
@@ -202,7 +221,9 @@ cdef class ClusterState:
     cdef int64_t written_size
     cdef readonly int64_t iteration          # train() calls so far, minus one
 
-    # event records of the last train()/plan() call, in the order they happened
+    # Event records of the last train()/plan() call. After train() they are
+    # runs with gaps (each worker's pulls in a region of its own, so workers
+    # run in parallel; then one update per pair): ``runs`` lists them in order.
     cdef int64_t[::1] ev_row
     cdef int32_t[::1] ev_worker
     cdef int32_t[::1] ev_slot
@@ -213,7 +234,9 @@ cdef class ClusterState:
     cdef int8_t[::1] ev_early                # pulls: prefetchable
     cdef int32_t[::1] ev_turn                # Accumulates: how many workers before this one train the row
     cdef int64_t[::1] ev_value               # HET: a version check's expected version, a push's update count
-    cdef int64_t n_events
+    cdef int64_t n_events                    # events in all runs
+    cdef int64_t[::1] runs                   # [2r], [2r + 1]: start and end of run r
+    cdef int64_t n_runs
     cdef int64_t[::1] kind_total             # events of the last call by kind
     # After train(), worker w's events are two runs: its pulls (and write-backs, P2P) in
     # [pull_span[2w], pull_span[2w + 1]), and one update per pair at update_base + its pairs.
@@ -225,7 +248,9 @@ cdef class ClusterState:
 
     def __init__(self, *, int n_workers, int64_t n_rows, int64_t capacity, bint full_set,
                  int64_t max_pairs, bint p2p=False, str policy="lru", int focus=-1, bint annotate=True,
-                 int staleness=-1):
+                 int staleness=-1, int threads=1):
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
         if n_workers < 1:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
         if n_rows < 1 or n_rows >= 2**31:
@@ -255,6 +280,7 @@ cdef class ClusterState:
         self.max_pairs = max_pairs
         self.focus = focus
         self.annotate = annotate
+        self.threads = threads
 
         holders = np.zeros((n_rows, self.words), dtype=np.uint64)
         holders[:, 0] = 1  # L(e) = {PS}
@@ -279,28 +305,32 @@ cdef class ClusterState:
         self.need_mask = (<int64_t>1 << bits) - 1
         self.need_table = np.zeros(2 << bits, dtype=np.int64)
         self.epoch = 0
-        self.need_rows = np.zeros(max_pairs, dtype=np.int64)
-        self.need_masks = np.zeros(max_pairs * self.words, dtype=np.uint64)
+        cdef int64_t needs = max_pairs + threads * NEED_BLOCK
+        self.need_claim = np.zeros(8 * threads, dtype=np.int64)  # a cache line per thread
+        self.need_rows = np.zeros(needs, dtype=np.int64)
+        self.need_masks = np.zeros(needs * self.words, dtype=np.uint64)
         self.pair_row = np.zeros(max_pairs, dtype=np.int64)
         self.pair_worker = np.zeros(max_pairs, dtype=np.int32)
         self.pair_slot = np.zeros(max_pairs, dtype=np.int32)
         self.pair_need = np.zeros(max_pairs, dtype=np.int32)
         self.pair_source = np.full(max_pairs, EMPTY, dtype=np.int32)
         self.pair_source_slot = np.full(max_pairs, EMPTY, dtype=np.int32)
-        self.need_trainers = np.zeros(max_pairs, dtype=np.int32)
-        self.need_turn = np.zeros(max_pairs, dtype=np.int32)
+        self.need_trainers = np.zeros(needs, dtype=np.int32)
         self.accumulate_rounds = 0
         self.tmp_row = np.zeros(max_pairs, dtype=np.int64)
-        self.tmp_worker = np.zeros(max_pairs, dtype=np.int32)
         self.tmp_need = np.zeros(max_pairs, dtype=np.int32)
-        self.tmp_pos = np.zeros(max_pairs, dtype=np.int32)
+        self.sample_order = np.zeros(max_pairs, dtype=np.int64)
+        self.sample_start = np.zeros(n_workers + 1, dtype=np.int64)
         self.worker_fill = np.zeros(n_workers + 1, dtype=np.int64)
         self.worker_start = np.zeros(n_workers + 1, dtype=np.int64)
+        self.worker_kinds = np.zeros(n_workers * N_KINDS, dtype=np.int64)
+        self.worker_bad = np.full(n_workers, -1, dtype=np.int64)
+        self.chunk_fill = np.zeros(8 * threads + 1, dtype=np.int64)
         self.n_need = 0
         self.n_pairs = 0
         self.needs_ready = False
         self.n_tables = 0
-        self.need_focus = np.full(max_pairs, EMPTY, dtype=np.int32)
+        self.need_focus = np.full(needs, EMPTY, dtype=np.int32)
         self.focus_sample = np.zeros(max_pairs, dtype=np.int64)
         self.focus_entry = np.zeros(max_pairs, dtype=np.int32)
         self.n_focus = 0
@@ -329,19 +359,23 @@ cdef class ClusterState:
         self.update_base = 0
         self.spans_valid = False
         self.n_events = 0
+        self.runs = np.zeros(2 * (n_workers + 1), dtype=np.int64)
+        self.n_runs = 0
         self.event_digest = 0
 
     # ---------------------------------------------------------------- holders
     cdef inline bint has_bit(self, int64_t row, int bit) noexcept nogil:
         return (self.holders[row * self.words + (bit >> 6)] >> (bit & 63)) & 1
 
+    # Workers' threads set and clear their own bits of rows other workers touch too: atomically.
     cdef inline void set_bit(self, int64_t row, int bit) noexcept nogil:
-        self.holders[row * self.words + (bit >> 6)] |= (<uint64_t>1) << (bit & 63)
+        fetch_or_u64(&self.holders[row * self.words + (bit >> 6)], (<uint64_t>1) << (bit & 63))
 
     cdef inline void clear_bit(self, int64_t row, int bit) noexcept nogil:
-        self.holders[row * self.words + (bit >> 6)] &= ~((<uint64_t>1) << (bit & 63))
+        and_u64(&self.holders[row * self.words + (bit >> 6)], ~((<uint64_t>1) << (bit & 63)))
 
     cdef inline void set_only(self, int64_t row, int bit) noexcept nogil:
+        """``L(row) = {bit}``; callers own the row for the moment (no other thread touches it)."""
         cdef int k
         for k in range(self.words):
             self.holders[row * self.words + k] = 0
@@ -503,19 +537,50 @@ cdef class ClusterState:
         self.lru_insert(w, s)
 
     # ------------------------------------------------------------ needs table
-    cdef inline int64_t need_position(self, int64_t row) noexcept nogil:
-        """Entry of ``row`` in the needs table, or the free entry where it belongs."""
-        cdef int64_t i = fib_home(row, self.need_shift)
-        while (self.need_table[2 * i + 1] >> 32) == self.epoch and self.need_table[2 * i] != row:
-            i = (i + 1) & self.need_mask
-        return i
-
     cdef inline int64_t need_index(self, int64_t row) noexcept nogil:
-        """Index of ``row`` among this iteration's needed rows, or -1."""
-        cdef int64_t i = self.need_position(row)
-        if (self.need_table[2 * i + 1] >> 32) != self.epoch:
-            return -1
-        return self.need_table[2 * i + 1] & LOW32
+        """Index of ``row`` among this iteration's needed rows, or -1 (once the needs are set)."""
+        cdef int64_t i = fib_home(row, self.need_shift)
+        cdef int64_t epoch_bits = (<int64_t>self.epoch) << 32, key = epoch_bits | row, entry
+        while True:
+            entry = self.need_table[2 * i]
+            if entry == key:
+                return self.need_table[2 * i + 1] & LOW32
+            if (entry & ~LOW32) != epoch_bits:
+                return -1
+            i = (i + 1) & self.need_mask
+
+    cdef int64_t need_insert(self, int64_t row, int thread) noexcept nogil:
+        """Index of ``row`` among the needs being set; the first thread to see it gives it an index.
+
+        A thread claims a free entry by compare-and-swap of its key, takes
+        the next index of its own block, clears the row's need record, then
+        publishes the index; a thread finding the key waits for the index
+        (the claimer is a few instructions away).
+        """
+        cdef int64_t i = fib_home(row, self.need_shift)
+        cdef int64_t epoch_bits = (<int64_t>self.epoch) << 32, key = epoch_bits | row, entry, tag, n
+        cdef int k
+        while True:
+            entry = load_i64(&self.need_table[2 * i])
+            if entry == key:
+                while True:
+                    tag = load_i64(&self.need_table[2 * i + 1])
+                    if (tag & ~LOW32) == epoch_bits:
+                        return tag & LOW32
+            if (entry & ~LOW32) == epoch_bits:  # another row of this batch
+                i = (i + 1) & self.need_mask
+            elif cas_i64(&self.need_table[2 * i], entry, key):
+                if self.need_claim[8 * thread] == self.need_claim[8 * thread + 1]:
+                    self.need_claim[8 * thread] = fetch_add_i64(&self.n_need, NEED_BLOCK)
+                    self.need_claim[8 * thread + 1] = self.need_claim[8 * thread] + NEED_BLOCK
+                n = self.need_claim[8 * thread]
+                self.need_claim[8 * thread] += 1
+                self.need_rows[n] = row
+                for k in range(self.words):
+                    self.need_masks[n * self.words + k] = 0
+                store_i64(&self.need_table[2 * i + 1], epoch_bits | n)
+                return n
+            # else another thread took this entry first: look at it again
 
     cdef inline bint needed_by(self, int64_t row, int w) noexcept nogil:
         cdef int bit = w + 1
@@ -526,15 +591,20 @@ cdef class ClusterState:
 
     # ------------------------------------------------------- written-row sets
     cdef inline void mark_written(self, int64_t row) noexcept nogil:
-        """``row`` is written to the PS in the current iteration."""
+        """``row`` is written to the PS in the current iteration (threads may mark at once).
+
+        Which entry a row lands in depends on the threads' timing; whether
+        it is in the set does not, and that is all :meth:`written_before` reads.
+        """
         cdef int64_t base = (self.iteration & 1) * self.written_size
         cdef int64_t i = fib_home(row, self.written_shift)
         cdef int64_t stamp = written_stamp(self.iteration), entry
         while True:
-            entry = self.written[base + i]
+            entry = load_i64(&self.written[base + i])
             if (entry & ~LOW32) != stamp:
-                self.written[base + i] = stamp | row
-                return
+                if cas_i64(&self.written[base + i], entry, stamp | row):
+                    return
+                continue  # another thread took the entry: look at it again
             if (entry & LOW32) == row:
                 return
             i = (i + 1) & self.written_mask
@@ -554,8 +624,8 @@ cdef class ClusterState:
             i = (i + 1) & self.written_mask
 
     # ----------------------------------------------------------------- events
-    cdef inline void record(self, int kind, int w, int64_t row, int32_t slot, int32_t pair) noexcept nogil:
-        cdef int64_t n = self.n_events
+    cdef inline void record(self, int64_t n, int kind, int w, int64_t row, int32_t slot, int32_t pair) noexcept nogil:
+        """Event ``n``: its position is the caller's (each worker's thread fills a region of its own)."""
         self.ev_kind[n] = kind
         self.ev_worker[n] = w
         self.ev_row[n] = row
@@ -565,17 +635,38 @@ cdef class ClusterState:
         self.ev_pair[n] = pair
         self.ev_early[n] = 0
         self.ev_value[n] = 0
-        self.n_events = n + 1
-        self.kind_total[kind] += 1
         if self.annotate and kind != K_PULL and kind != K_LOCAL and kind != K_P2P and kind != K_VERSION_CHECK:
             self.mark_written(row)
 
     cdef void start_events(self) noexcept nogil:
-        cdef int k
+        cdef int64_t k
         self.n_events = 0
+        self.n_runs = 0
         self.spans_valid = False
         for k in range(N_KINDS):
             self.kind_total[k] = 0
+        for k in range(self.n_workers * N_KINDS):
+            self.worker_kinds[k] = 0
+
+    cdef void add_run(self, int64_t start, int64_t end) noexcept nogil:
+        """Events ``[start, end)`` come next in execution order."""
+        if end > start:
+            self.runs[2 * self.n_runs] = start
+            self.runs[2 * self.n_runs + 1] = end
+            self.n_runs += 1
+            self.n_events += end - start
+
+    cdef inline void add_kinds(self, int w, const int64_t* kinds) noexcept nogil:
+        cdef int k
+        for k in range(N_KINDS):
+            self.worker_kinds[w * N_KINDS + k] += kinds[k]
+
+    cdef void total_kinds(self) noexcept nogil:
+        """The call's events by kind, from each worker's counts."""
+        cdef int64_t w, k
+        for w in range(self.n_workers):
+            for k in range(N_KINDS):
+                self.kind_total[k] += self.worker_kinds[w * N_KINDS + k]
 
     cdef void digest_events(self) noexcept nogil:
         """A hash of the recorded events, in order (every rank records them in the same order).
@@ -584,20 +675,22 @@ cdef class ClusterState:
         cost little next to recording the events. A digest, not a checksum of
         record: fields share bits, and a divergence changes it all the same.
         """
-        cdef int64_t i
+        cdef int64_t i, r
         cdef uint64_t h = <uint64_t>self.n_events, fields, more
         if not self.annotate:
             self.event_digest = 0
             return
-        for i in range(self.n_events):
-            fields = <uint64_t>self.ev_row[i] | (<uint64_t><uint32_t>self.ev_slot[i] << 32)
-            more = <uint64_t><uint32_t>self.ev_worker[i] | (<uint64_t>self.ev_kind[i] << 32) \
-                | (<uint64_t>self.ev_early[i] << 40)
-            if self.ev_kind[i] == K_P2P:
-                more ^= (<uint64_t><uint32_t>self.ev_peer[i] << 8) ^ (<uint64_t><uint32_t>self.ev_peer_slot[i] << 44)
-            more ^= <uint64_t>self.ev_value[i] * GOLDEN
-            h = (h ^ fields ^ ((more << 17) | (more >> 47))) * GOLDEN
-            h ^= h >> 32
+        for r in range(self.n_runs):
+            for i in range(self.runs[2 * r], self.runs[2 * r + 1]):
+                fields = <uint64_t>self.ev_row[i] | (<uint64_t><uint32_t>self.ev_slot[i] << 32)
+                more = <uint64_t><uint32_t>self.ev_worker[i] | (<uint64_t>self.ev_kind[i] << 32) \
+                    | (<uint64_t>self.ev_early[i] << 40)
+                if self.ev_kind[i] == K_P2P:
+                    more ^= (<uint64_t><uint32_t>self.ev_peer[i] << 8) \
+                        ^ (<uint64_t><uint32_t>self.ev_peer_slot[i] << 44)
+                more ^= <uint64_t>self.ev_value[i] * GOLDEN
+                h = (h ^ fields ^ ((more << 17) | (more >> 47))) * GOLDEN
+                h ^= h >> 32
         self.event_digest = mix64(h)
 
     # ------------------------------------------------------------------ needs
@@ -616,108 +709,150 @@ cdef class ClusterState:
             where = np.argwhere((np.asarray(rows) < 0) | (np.asarray(rows) >= self.n_rows))[0]
             raise ValueError(f"rows[{where[0]}, {where[1]}] = {np.asarray(rows)[tuple(where)]} "
                              f"is not a row in [0, {self.n_rows})")
-        cdef int64_t i, t, e, k, p, pos, tag, n_tmp = 0, n_entry = 0
-        cdef int w, bit
+        if rows.shape[0] > self.sample_order.shape[0]:  # only with no tables: max_pairs bounds samples x tables
+            self.sample_order = np.zeros(rows.shape[0], dtype=np.int64)
+            self.focus_sample = np.zeros(rows.shape[0], dtype=np.int64)
+        cdef int64_t i, k, j
+        cdef int w, t
         cdef int focus = self.focus
-        cdef uint64_t flag
-        cdef int64_t epoch_bits
         with nogil:
             self.epoch += 1
-            epoch_bits = (<int64_t>self.epoch) << 32
             self.n_need = 0
-            self.n_focus = 0
             self.n_tables = rows.shape[1]
+            # samples by worker, batch order within (a counting sort)
             for w in range(self.n_workers + 1):
-                self.worker_fill[w] = 0
+                self.sample_start[w] = 0
             for i in range(rows.shape[0]):
-                w = alloc[i]
-                bit = w + 1
-                flag = (<uint64_t>1) << (bit & 63)
-                if w == focus:
-                    self.focus_sample[self.n_focus] = i
-                    self.n_focus += 1
-                if i + 1 < rows.shape[0]:  # overlap the next sample's table misses
-                    for t in range(rows.shape[1]):
-                        prefetch(&self.need_table[2 * fib_home(rows[i + 1, t], self.need_shift)])
-                for t in range(rows.shape[1]):
-                    e = rows[i, t]
-                    pos = self.need_position(e)
-                    tag = self.need_table[2 * pos + 1]
-                    if (tag >> 32) != self.epoch:
-                        tag = epoch_bits | self.n_need
-                        self.need_table[2 * pos] = e
-                        self.need_table[2 * pos + 1] = tag
-                        self.need_rows[self.n_need] = e
-                        self.need_trainers[self.n_need] = 0
-                        self.need_focus[self.n_need] = EMPTY
-                        for k in range(self.words):
-                            self.need_masks[self.n_need * self.words + k] = 0
-                        self.n_need += 1
-                    k = (tag & LOW32) * self.words + (bit >> 6)
-                    if not (self.need_masks[k] & flag):
-                        self.need_masks[k] |= flag
-                        self.need_trainers[tag & LOW32] += 1
-                        self.tmp_row[n_tmp] = e
-                        self.tmp_worker[n_tmp] = w
-                        self.tmp_need[n_tmp] = <int32_t>(tag & LOW32)
-                        if w == focus:
-                            self.need_focus[tag & LOW32] = <int32_t>n_tmp
-                        n_tmp += 1
-                        self.worker_fill[w + 1] += 1
-                    if w == focus:
-                        self.focus_entry[n_entry] = self.need_focus[tag & LOW32]
-                        n_entry += 1
-            # counting sort of (worker, row) pairs by worker, first-appearance order within
+                self.sample_start[alloc[i] + 1] += 1
             for w in range(self.n_workers):
-                self.worker_fill[w + 1] += self.worker_fill[w]
-            for w in range(self.n_workers + 1):
-                self.worker_start[w] = self.worker_fill[w]
-            for p in range(n_tmp):
-                w = self.tmp_worker[p]
-                k = self.worker_fill[w]
-                self.worker_fill[w] += 1
-                self.tmp_pos[p] = <int32_t>k
-                self.pair_row[k] = self.tmp_row[p]
-                self.pair_worker[k] = w
-                self.pair_need[k] = self.tmp_need[p]
-                self.pair_slot[k] = EMPTY
-                self.pair_source[k] = EMPTY
-            self.n_pairs = n_tmp
+                self.sample_start[w + 1] += self.sample_start[w]
+            for w in range(self.n_workers):
+                self.worker_fill[w] = self.sample_start[w]
+            for i in range(rows.shape[0]):
+                self.sample_order[self.worker_fill[alloc[i]]] = i
+                self.worker_fill[alloc[i]] += 1
+            self.n_focus = 0
             if focus >= 0:
-                for k in range(n_entry):
-                    self.focus_entry[k] = <int32_t>(self.tmp_pos[self.focus_entry[k]] - self.worker_start[focus])
+                for k in range(self.sample_start[focus], self.sample_start[focus + 1]):
+                    self.focus_sample[self.n_focus] = self.sample_order[k]
+                    self.n_focus += 1
+            for k in range(8 * self.threads):
+                self.need_claim[k] = 0
+            for w in prange(self.n_workers, num_threads=self.threads, schedule="dynamic"):
+                self.worker_fill[w] = self.collect_pairs(rows, w, threadid())
+            for t in range(self.threads):  # the indices threads took but did not use: no row
+                for k in range(self.need_claim[8 * t], self.need_claim[8 * t + 1]):
+                    self.need_rows[k] = -1
+                    for j in range(self.words):
+                        self.need_masks[k * self.words + j] = 0
+            for k in prange(self.n_need, num_threads=self.threads, schedule="static"):
+                self.need_trainers[k] = self.count_trainers(k)
+            self.worker_start[0] = 0
+            for w in range(self.n_workers):
+                self.worker_start[w + 1] = self.worker_start[w] + self.worker_fill[w]
+            self.n_pairs = self.worker_start[self.n_workers]
+            for w in prange(self.n_workers, num_threads=self.threads, schedule="dynamic"):
+                self.place_pairs(w)
         self.needs_ready = True
+
+    cdef int64_t collect_pairs(self, const int64_t[:, ::1] rows, int w, int thread) noexcept nogil:
+        """Worker ``w``'s needed rows, in order of first use by its samples, at its samples' offset in the scratch.
+
+        Only ``w``'s thread sets ``w``'s bit of a row's need record, so the
+        first of its samples to use a row finds the bit clear: the order is
+        the batch's, whatever the threads. Returns the rows' count.
+        """
+        cdef int64_t n_tables = rows.shape[1], base = self.sample_start[w] * n_tables, n = 0, entry = 0
+        cdef int64_t j, i, t, e, need
+        cdef int bit = w + 1
+        cdef uint64_t flag = (<uint64_t>1) << (bit & 63)
+        cdef bint focus = w == self.focus
+        for j in range(self.sample_start[w], self.sample_start[w + 1]):
+            i = self.sample_order[j]
+            # overlap misses: the rows of the sample after next, the table entries of the next one
+            if j + 2 < self.sample_start[w + 1]:
+                for t in range(0, n_tables, 8):
+                    prefetch(&rows[self.sample_order[j + 2], t])
+            if j + 1 < self.sample_start[w + 1]:
+                for t in range(n_tables):
+                    prefetch(&self.need_table[2 * fib_home(rows[self.sample_order[j + 1], t], self.need_shift)])
+            for t in range(n_tables):
+                e = rows[i, t]
+                need = self.need_insert(e, thread)
+                # only this thread sets w's bit, so a plain read tells; a frequent row's record is then
+                # written once per worker, not once per sample (its cache line stays shared)
+                if not (self.need_masks[need * self.words + (bit >> 6)] & flag):
+                    fetch_or_u64(&self.need_masks[need * self.words + (bit >> 6)], flag)
+                    self.tmp_row[base + n] = e
+                    self.tmp_need[base + n] = <int32_t>need
+                    if focus:
+                        self.need_focus[need] = <int32_t>n
+                    n += 1
+                if focus:
+                    self.focus_entry[entry] = self.need_focus[need]
+                    entry += 1
+        return n
+
+    cdef int32_t count_trainers(self, int64_t need) noexcept nogil:
+        cdef int k
+        cdef int32_t count = 0
+        for k in range(self.words):
+            count += popcount64(self.need_masks[need * self.words + k])
+        return count
+
+    cdef void place_pairs(self, int w) noexcept nogil:
+        """Worker ``w``'s pairs from the scratch to their place among all pairs (sorted by worker)."""
+        cdef int64_t base = self.sample_start[w] * self.n_tables, first = self.worker_start[w], k, p
+        for k in range(self.worker_start[w + 1] - first):
+            p = first + k
+            self.pair_row[p] = self.tmp_row[base + k]
+            self.pair_worker[p] = w
+            self.pair_need[p] = self.tmp_need[base + k]
+            self.pair_slot[p] = EMPTY
+            self.pair_source[p] = EMPTY
 
     # ------------------------------------------------------------------ train
     def train(self):
-        """Pull and update for the current needs (steps 2 and 4). Returns event counts."""
+        """Pull and update for the current needs (steps 2 and 4). Returns event counts.
+
+        Workers pull in parallel (``threads``), each into an event region of
+        its own; the events, the state and the digest are those of one thread.
+        """
         if not self.needs_ready:
             raise StateError("train() needs set_needs() (or the previous plan()) first")
-        cdef int64_t bad_row = -1
-        cdef int w
+        cdef int w, bad_worker = -1
+        cdef int64_t per_pair = 3 if self.staleness >= 0 else 2  # most pull-side events of one pair
         with nogil:
             self.iteration += 1
             self.start_events()
             if self.p2p:
                 self.match_p2p()
+            for w in prange(self.n_workers, num_threads=self.threads, schedule="dynamic"):
+                self.worker_bad[w] = self.pull_worker_het(w, per_pair * self.worker_start[w]) \
+                    if self.staleness >= 0 else self.pull_worker(w, per_pair * self.worker_start[w])
             for w in range(self.n_workers):
-                self.pull_span[2 * w] = self.n_events
-                bad_row = self.pull_worker_het(w) if self.staleness >= 0 else self.pull_worker(w)
-                self.pull_span[2 * w + 1] = self.n_events
-                if bad_row >= 0:
+                if self.worker_bad[w] >= 0:
+                    bad_worker = w
                     break
-            if bad_row < 0:
-                self.update_base = self.n_events
+            if bad_worker < 0:
+                for w in range(self.n_workers):
+                    self.pull_span[2 * w] = per_pair * self.worker_start[w]
+                    self.pull_span[2 * w + 1] = self.pull_span[2 * w] + self.worker_fill[w]
+                    self.add_run(self.pull_span[2 * w], self.pull_span[2 * w + 1])
+                self.update_base = per_pair * self.n_pairs
                 if self.staleness >= 0:
                     self.update_het()
                 else:
                     self.update()
+                self.add_run(self.update_base, self.update_base + self.n_pairs)
+                self.total_kinds()
                 self.spans_valid = True
-            self.digest_events()
-        if bad_row >= 0:
-            raise StateError(f"row {bad_row}: needed by worker {w} but neither fresh there nor held by the PS"
+                self.digest_events()
+        if bad_worker >= 0:
+            bad_row = self.worker_bad[bad_worker]
+            raise StateError(f"row {bad_row}: needed by worker {bad_worker} but neither fresh there nor held by the PS"
                              if bad_row < self.n_rows else
-                             f"worker {w}: cache of {self.capacity} slots cannot hold this iteration's "
+                             f"worker {bad_worker}: cache of {self.capacity} slots cannot hold this iteration's "
                              f"working set; raise the cache size")
         self.needs_ready = False
         return self.counts()
@@ -728,10 +863,12 @@ cdef class ClusterState:
         Decided for all workers before any of them evicts, so the sender's
         copy is still in its slot; from here on ``w`` and ``v`` both hold it
         (``w``'s copy is no longer dirty: evicting it needs no write-back).
+        After plan(), a dirty row needed now has one trainer, so each pair
+        sets the bit of a row no other pair touches.
         """
         cdef int64_t p, e
         cdef int owner, v
-        for p in range(self.n_pairs):
+        for p in prange(self.n_pairs, num_threads=self.threads, schedule="static"):
             e = self.pair_row[p]
             v = self.pair_worker[p]
             owner = self.dirty_owner(e)
@@ -740,10 +877,19 @@ cdef class ClusterState:
                 self.pair_source_slot[p] = self.find(owner, e)
                 self.set_bit(e, v + 1)
 
-    cdef int64_t pull_worker(self, int w) noexcept nogil:
-        """Step 2 for worker ``w``; returns -1, or the offending row (n_rows + x: cache too small)."""
-        cdef int64_t p, e, victim, n, cbase = w * self.capacity
+    cdef int64_t pull_worker(self, int w, int64_t n) noexcept nogil:
+        """Step 2 for worker ``w``, its events from ``n`` on; returns -1, or the offending row
+        (n_rows + x: cache too small). Its event count goes to ``worker_fill[w]``, by kind to ``worker_kinds``.
+
+        Other workers' threads run at the same time. They touch other bits
+        of the same rows (atomically); a victim whose only latest copy is
+        here is needed by no other worker (it would have been pushed or
+        matched peer to peer), so writing it back touches no row they use.
+        """
+        cdef int64_t p, e, victim, start = n, cbase = w * self.capacity
         cdef int64_t first = self.worker_start[w], last = self.worker_start[w + 1]
+        cdef int64_t kinds[N_KINDS]  # counted here, added once: neighbours' counts share cache lines
+        memset(kinds, 0, sizeof(kinds))
         cdef int32_t s
         if last - first > self.capacity:
             return self.n_rows
@@ -771,60 +917,95 @@ cdef class ClusterState:
                 victim = self.slot_row[cbase + s]
                 if victim != EMPTY:
                     if self.dirty_owner(victim) == w:
-                        self.record(K_WRITEBACK, w, victim, s, EMPTY)
+                        self.record(n, K_WRITEBACK, w, victim, s, EMPTY)
+                        n += 1
+                        kinds[K_WRITEBACK] += 1
                         self.set_only(victim, PS_BIT)
                     else:
                         self.clear_bit(victim, w + 1)
                 self.install(w, e, s)
                 self.pair_slot[p] = s
             if self.pair_source[p] == EMPTY:
-                n = self.n_events
-                self.record(K_PULL, w, e, s, EMPTY)
+                self.record(n, K_PULL, w, e, s, EMPTY)
                 self.ev_early[n] = self.annotate and not self.written_before(e)
+                kinds[K_PULL] += 1
                 self.set_bit(e, w + 1)
             else:
-                n = self.n_events
-                self.record(K_P2P, w, e, s, EMPTY)
+                self.record(n, K_P2P, w, e, s, EMPTY)
                 self.ev_peer[n] = self.pair_source[p]
                 self.ev_peer_slot[n] = self.pair_source_slot[p]
+                kinds[K_P2P] += 1
+            n += 1
+        self.worker_fill[w] = n - start
+        self.add_kinds(w, kinds)
         return -1
 
     cdef void update(self) noexcept nogil:
         """Step 4: who holds the latest value of each trained row after the update.
 
-        Pairs run in worker order, so each Accumulate's turn (its worker's
-        rank among the row's trainers) is a count: the runtime can add a row's
-        contributions in worker order, bit-reproducibly (docs/design.md section 13).
+        One event per pair, at ``update_base`` + the pair's position, by
+        worker in parallel; then each row's holders, by row in parallel.
         """
-        cdef int64_t p, e, n
+        cdef int64_t n
         cdef int w
-        cdef int32_t pair, need
+        for w in prange(self.n_workers, num_threads=self.threads, schedule="dynamic"):
+            self.update_worker(w)
+        for n in prange(self.n_need, num_threads=self.threads, schedule="static"):
+            self.settle_row(n)
         self.accumulate_rounds = 0
         for n in range(self.n_need):
-            self.need_turn[n] = 0
-        for p in range(self.n_pairs):
-            if p + AHEAD < self.n_pairs:
-                prefetch(&self.holders[self.pair_row[p + AHEAD] * self.words])
-            e = self.pair_row[p]
-            w = self.pair_worker[p]
+            if self.need_trainers[n] >= 2 and self.need_trainers[n] > self.accumulate_rounds:
+                self.accumulate_rounds = self.need_trainers[n]
+
+    cdef void update_worker(self, int w) noexcept nogil:
+        """Worker ``w``'s update events. An Accumulate's turn is the count of the row's trainers before
+        ``w``: the runtime adds a row's contributions in worker order, bit-reproducibly (docs/design.md
+        section 13)."""
+        cdef int64_t p, n, need
+        cdef int32_t pair
+        cdef int64_t kinds[N_KINDS]  # counted here, added once: neighbours' counts share cache lines
+        memset(kinds, 0, sizeof(kinds))
+        for p in range(self.worker_start[w], self.worker_start[w + 1]):
+            n = self.update_base + p
             pair = <int32_t>(p - self.worker_start[w])
             need = self.pair_need[p]
             if self.need_trainers[need] >= 2:
-                self.ev_turn[self.n_events] = self.need_turn[need]
-                self.need_turn[need] += 1
-                self.accumulate_rounds = max(self.accumulate_rounds, self.need_trainers[need])
-                self.record(K_ACCUMULATE, w, e, self.pair_slot[p], pair)
-                self.set_only(e, PS_BIT)
+                self.record(n, K_ACCUMULATE, w, self.pair_row[p], self.pair_slot[p], pair)
+                self.ev_turn[n] = self.trainers_before(need, w)
+                kinds[K_ACCUMULATE] += 1
             elif self.full_set:
-                self.record(K_FULL_SET_PUSH, w, e, self.pair_slot[p], pair)
-                self.set_only(e, PS_BIT)
-                self.set_bit(e, w + 1)
+                self.record(n, K_FULL_SET_PUSH, w, self.pair_row[p], self.pair_slot[p], pair)
+                kinds[K_FULL_SET_PUSH] += 1
             else:
-                self.record(K_LOCAL, w, e, self.pair_slot[p], pair)
-                self.set_only(e, w + 1)
+                self.record(n, K_LOCAL, w, self.pair_row[p], self.pair_slot[p], pair)
+                kinds[K_LOCAL] += 1
+        self.add_kinds(w, kinds)
+
+    cdef inline int32_t trainers_before(self, int64_t need, int w) noexcept nogil:
+        """Workers below ``w`` that need row ``need`` (its need record's bits below ``w + 1``)."""
+        cdef int bit = w + 1, k
+        cdef int32_t count = 0
+        for k in range(bit >> 6):
+            count += popcount64(self.need_masks[need * self.words + k])
+        return count + popcount64(self.need_masks[need * self.words + (bit >> 6)]
+                                  & (((<uint64_t>1) << (bit & 63)) - 1))
+
+    cdef void settle_row(self, int64_t need) noexcept nogil:
+        """``L(e)`` of a trained row: the PS if several workers trained it (Accumulate), else its trainer
+        (and the PS too in full-set mode)."""
+        cdef int64_t e = self.need_rows[need], k
+        cdef uint64_t x
+        if e < 0:  # an index no row took
+            return
+        if self.need_trainers[need] >= 2:
+            self.set_only(e, PS_BIT)
+            return
+        for k in range(self.words):
+            x = self.need_masks[need * self.words + k]
+            self.holders[e * self.words + k] = x | (1 if k == 0 and self.full_set else 0)
 
     # -------------------------------------------------------------------- HET
-    cdef int64_t pull_worker_het(self, int w) noexcept nogil:
+    cdef int64_t pull_worker_het(self, int w, int64_t n) noexcept nogil:
         """HET's read for worker ``w`` (docs/design.md section 7); returns as :meth:`pull_worker`.
 
         A cached row costs a version check; it is refetched when the PS has
@@ -836,8 +1017,10 @@ cdef class ClusterState:
         those at the start of the iteration: every push of an iteration
         lands after every read of it (docs/design.md section 11).
         """
-        cdef int64_t p, e, n, cbase = w * self.capacity
+        cdef int64_t p, e, start = n, cbase = w * self.capacity
         cdef int64_t first = self.worker_start[w], last = self.worker_start[w + 1]
+        cdef int64_t kinds[N_KINDS]  # counted here, added once: neighbours' counts share cache lines
+        memset(kinds, 0, sizeof(kinds))
         cdef int32_t s
         if last - first > self.capacity:
             return self.n_rows
@@ -851,9 +1034,10 @@ cdef class ClusterState:
             e = self.pair_row[p]
             s = self.pair_slot[p]
             if s != EMPTY:
-                n = self.n_events
-                self.record(K_VERSION_CHECK, w, e, s, EMPTY)
+                self.record(n, K_VERSION_CHECK, w, e, s, EMPTY)
                 self.ev_value[n] = self.version[e]
+                n += 1
+                kinds[K_VERSION_CHECK] += 1
                 if self.version[e] - self.slot_seen[cbase + s] <= self.staleness:
                     continue
                 self.pair_sync[p] = self.slot_pending[cbase + s] > 0
@@ -862,16 +1046,20 @@ cdef class ClusterState:
                 if s == EMPTY:
                     return self.n_rows
                 if self.slot_pending[cbase + s] > 0:  # only a victim's slot holds updates
-                    n = self.n_events
-                    self.record(K_DELTA_WRITEBACK, w, self.slot_row[cbase + s], s, EMPTY)
+                    self.record(n, K_DELTA_WRITEBACK, w, self.slot_row[cbase + s], s, EMPTY)
                     self.ev_value[n] = self.slot_pending[cbase + s]
+                    n += 1
+                    kinds[K_DELTA_WRITEBACK] += 1
                     self.slot_pending[cbase + s] = 0
                 self.install(w, e, s)
                 self.pair_slot[p] = s
-            n = self.n_events
-            self.record(K_PULL, w, e, s, EMPTY)
+            self.record(n, K_PULL, w, e, s, EMPTY)
             self.ev_early[n] = self.annotate and not self.written_before(e)
+            n += 1
+            kinds[K_PULL] += 1
             self.slot_seen[cbase + s] = self.version[e]
+        self.worker_fill[w] = n - start
+        self.add_kinds(w, kinds)
         return -1
 
     cdef void update_het(self) noexcept nogil:
@@ -882,31 +1070,41 @@ cdef class ClusterState:
         every row another worker pushed: BSP. The pushes' updates reach the
         versions after every worker's reads (:meth:`publish_versions`).
         """
-        cdef int64_t p, k, n
         cdef int w
         self.accumulate_rounds = 0
-        for p in range(self.n_pairs):
-            w = self.pair_worker[p]
+        for w in prange(self.n_workers, num_threads=self.threads, schedule="dynamic"):
+            self.update_worker_het(w)  # reads no version: publishing as workers finish is safe
+            self.publish_versions(self.pull_span[2 * w], self.pull_span[2 * w + 1])
+            self.publish_versions(self.update_base + self.worker_start[w], self.update_base + self.worker_start[w + 1])
+
+    cdef void update_worker_het(self, int w) noexcept nogil:
+        """Worker ``w``'s HET updates (its own slots' clocks): one event per pair at ``update_base`` + the pair."""
+        cdef int64_t p, k, n
+        cdef int64_t kinds[N_KINDS]  # counted here, added once: neighbours' counts share cache lines
+        memset(kinds, 0, sizeof(kinds))
+        for p in range(self.worker_start[w], self.worker_start[w + 1]):
+            n = self.update_base + p
             k = w * self.capacity + self.pair_slot[p]
             self.slot_pending[k] += 1
             if self.slot_pending[k] > self.staleness or self.pair_sync[p]:
-                n = self.n_events
-                self.record(K_DELTA_PUSH, w, self.pair_row[p], self.pair_slot[p],
+                self.record(n, K_DELTA_PUSH, w, self.pair_row[p], self.pair_slot[p],
                             <int32_t>(p - self.worker_start[w]))
                 self.ev_turn[n] = 0
                 self.ev_value[n] = self.slot_pending[k]
+                kinds[K_DELTA_PUSH] += 1
                 self.slot_seen[k] += self.slot_pending[k]
                 self.slot_pending[k] = 0
             else:
-                self.record(K_LOCAL, w, self.pair_row[p], self.pair_slot[p], <int32_t>(p - self.worker_start[w]))
-        self.publish_versions(0)
+                self.record(n, K_LOCAL, w, self.pair_row[p], self.pair_slot[p], <int32_t>(p - self.worker_start[w]))
+                kinds[K_LOCAL] += 1
+        self.add_kinds(w, kinds)
 
-    cdef void publish_versions(self, int64_t start) noexcept nogil:
-        """The PS versions count the updates pushed by the events from ``start`` on."""
+    cdef void publish_versions(self, int64_t start, int64_t end) noexcept nogil:
+        """The PS versions count the updates pushed by events ``[start, end)`` (workers' threads add at once)."""
         cdef int64_t i
-        for i in range(start, self.n_events):
+        for i in range(start, end):
             if self.ev_kind[i] == K_DELTA_PUSH or self.ev_kind[i] == K_DELTA_WRITEBACK:
-                self.version[self.ev_row[i]] += self.ev_value[i]
+                fetch_add_i64(&self.version[self.ev_row[i]], self.ev_value[i])
 
     def flush_pending(self):
         """HET: push every worker's unpushed updates (at the end of training, before reading the model).
@@ -954,8 +1152,7 @@ cdef class ClusterState:
         Without a next batch (the last iteration) nothing is planned. In
         full-set mode no row is ever dirty, so the plan is always empty.
         """
-        cdef int64_t p, e
-        cdef int owner
+        cdef int64_t c, chunks, total = 0
         self.start_events()
         if rows_next is None:
             self.needs_ready = False
@@ -963,19 +1160,70 @@ cdef class ClusterState:
                 self.digest_events()
             return self.counts()
         self.set_needs(rows_next, alloc_next)
+        chunks = min(self.chunk_fill.shape[0] - 1, max(1, self.n_pairs // 4096))
         with nogil:
-            for p in range(self.n_pairs):
-                if p + AHEAD < self.n_pairs:
-                    prefetch(&self.holders[self.pair_row[p + AHEAD] * self.words])
-                e = self.pair_row[p]
-                owner = self.dirty_owner(e)
-                if self.p2p and self.need_trainers[self.pair_need[p]] == 1:
-                    continue  # only this worker needs it: sent peer to peer when t + 1 starts
-                if owner >= 0 and owner != self.pair_worker[p]:
-                    self.record(K_PLAN_PUSH, owner, e, self.find(owner, e), EMPTY)
-                    self.set_bit(e, PS_BIT)
+            for c in prange(chunks, num_threads=self.threads, schedule="static"):
+                self.chunk_fill[c] = self.find_pushes(c * self.n_pairs // chunks, (c + 1) * self.n_pairs // chunks)
+            for c in range(chunks):
+                total += self.chunk_fill[c]
+                self.chunk_fill[c] = total - self.chunk_fill[c]
+            for c in prange(chunks, num_threads=self.threads, schedule="static"):
+                self.record_pushes(c * self.n_pairs // chunks, (c + 1) * self.n_pairs // chunks, self.chunk_fill[c])
+            self.add_run(0, total)
+            self.kind_total[K_PLAN_PUSH] = total
             self.digest_events()
         return self.counts()
+
+    cdef int64_t find_pushes(self, int64_t first, int64_t last) noexcept nogil:
+        """Which of pairs ``[first, last)`` make a plan push: ``tmp_need[p]`` the pushing owner, or EMPTY.
+
+        A row dirty on ``owner`` and needed by another worker is pushed
+        once, by the first such pair in pair order (then the PS holds it);
+        in P2P mode a row one worker needs is sent peer to peer instead.
+        Reads the holders only, so chunks of pairs run in parallel.
+        """
+        cdef int64_t p, e, need, count = 0
+        cdef int owner, w
+        for p in range(first, last):
+            if p + AHEAD < last:
+                prefetch(&self.holders[self.pair_row[p + AHEAD] * self.words])
+            self.tmp_need[p] = EMPTY
+            e = self.pair_row[p]
+            need = self.pair_need[p]
+            w = self.pair_worker[p]
+            if self.p2p and self.need_trainers[need] == 1:
+                continue  # only this worker needs it: sent peer to peer when t + 1 starts
+            owner = self.dirty_owner(e)
+            if owner >= 0 and owner != w and w == self.first_trainer_but(need, owner):
+                self.tmp_need[p] = owner
+                count += 1
+        return count
+
+    cdef inline int first_trainer_but(self, int64_t need, int owner) noexcept nogil:
+        """The lowest worker other than ``owner`` that needs row ``need`` (-1: none)."""
+        cdef int k, bit
+        cdef uint64_t x
+        for k in range(self.words):
+            x = self.need_masks[need * self.words + k]
+            while x:
+                bit = 64 * k + ctz64(x)
+                if bit - 1 != owner:
+                    return bit - 1
+                x = x & (x - 1)
+        return -1
+
+    cdef void record_pushes(self, int64_t first, int64_t last, int64_t n) noexcept nogil:
+        """The plan pushes :meth:`find_pushes` chose among pairs ``[first, last)``, as events from ``n`` on."""
+        cdef int64_t p, e
+        cdef int owner
+        for p in range(first, last):
+            owner = self.tmp_need[p]
+            if owner == EMPTY:
+                continue
+            e = self.pair_row[p]
+            self.record(n, K_PLAN_PUSH, owner, e, self.find(owner, e), EMPTY)
+            self.set_bit(e, PS_BIT)
+            n += 1
 
     # ------------------------------------------------------------- flushing
     def flush_dirty(self):
@@ -1119,7 +1367,7 @@ cdef class ClusterState:
         cdef ClusterState clone = ClusterState(
             n_workers=self.n_workers, n_rows=self.n_rows, capacity=self.capacity, full_set=self.full_set,
             max_pairs=self.max_pairs, p2p=self.p2p, policy="lru" if self.buckets == 1 else "lfu", focus=self.focus,
-            annotate=self.annotate, staleness=self.staleness)
+            annotate=self.annotate, staleness=self.staleness, threads=self.threads)
         theirs = clone._persistent()
         for name, view in self._persistent().items():
             theirs[name][:] = view
@@ -1163,29 +1411,34 @@ cdef class ClusterState:
         """
         out = np.zeros(self.n_workers, dtype=np.int64)
         cdef int64_t[::1] per = out
-        cdef int64_t k
+        cdef int64_t k, r
         cdef int32_t kind
         with nogil:
-            for k in range(self.n_events):
-                kind = self.ev_kind[k]
-                if kind != K_LOCAL and kind != K_VERSION_CHECK:
-                    per[self.ev_worker[k]] += 1
+            for r in range(self.n_runs):
+                for k in range(self.runs[2 * r], self.runs[2 * r + 1]):
+                    kind = self.ev_kind[k]
+                    if kind != K_LOCAL and kind != K_VERSION_CHECK:
+                        per[self.ev_worker[k]] += 1
         return out
+
+    def _in_order(self, array):
+        """The last call's events of one field, its runs joined (a copy)."""
+        values = np.asarray(array)
+        return np.concatenate([values[self.runs[2 * r]:self.runs[2 * r + 1]] for r in range(self.n_runs)]
+                              or [values[:0]])
 
     def events(self):
         """Events of the last call as arrays kind, worker, row, slot (in execution order)."""
-        n = self.n_events
-        return (np.asarray(self.ev_kind[:n]).copy(), np.asarray(self.ev_worker[:n]).copy(),
-                np.asarray(self.ev_row[:n]).copy(), np.asarray(self.ev_slot[:n]).copy())
+        return (self._in_order(self.ev_kind), self._in_order(self.ev_worker), self._in_order(self.ev_row),
+                self._in_order(self.ev_slot))
 
     def peers(self):
         """For the events of the last call: sending worker and its slot of P2P events, else -1."""
-        n = self.n_events
-        return np.asarray(self.ev_peer[:n]).copy(), np.asarray(self.ev_peer_slot[:n]).copy()
+        return self._in_order(self.ev_peer), self._in_order(self.ev_peer_slot)
 
     def prefetchable(self):
         """For the events of the last call: pulls of rows the previous iteration did not write to the PS."""
-        return np.asarray(self.ev_early[:self.n_events]).astype(bool)
+        return self._in_order(self.ev_early).astype(bool)
 
     def p2p_sends(self, int w):
         """The P2P rows worker ``w`` sends after ``train()``: each receiver's, in the receiver's event order.

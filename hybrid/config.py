@@ -187,7 +187,7 @@ class SchedulerConfig:
     lookahead: bool = False  # scoring=cost: of both orders, keep the one that leaves the next batch cheaper too
     sync: SyncMode = SyncMode.ps
     chunks: int = 8
-    threads: int = 1
+    threads: int = 0  # the scheduler's threads (0 = the rank's compute threads: hybrid.runtime.launch_facts)
     staleness: int = 0
     warmup_iterations: int = 10
     score_tables: int = 0  # adaptive LAIA: tables to score (0 = from budget_ms, or all)
@@ -378,7 +378,8 @@ def validate(config: Config) -> None:
     _check(0.0 < c.cache.ratio <= 1.0, "cache.ratio", f"must be in (0, 1], got {c.cache.ratio}")
     _check(0.0 <= c.data.test_fraction < 1.0, "data.test_fraction", f"must be in [0, 1), got {c.data.test_fraction}")
     _check(c.scheduler.chunks >= 1, "scheduler.chunks", f"must be >= 1, got {c.scheduler.chunks}")
-    _check(c.scheduler.threads >= 1, "scheduler.threads", f"must be >= 1, got {c.scheduler.threads}")
+    _check(c.scheduler.threads >= 0, "scheduler.threads",
+           f"must be >= 0 (0 = the rank's compute threads), got {c.scheduler.threads}")
     _check(c.scheduler.staleness >= 0, "scheduler.staleness", f"must be >= 0, got {c.scheduler.staleness}")
     _check(c.scheduler.warmup_iterations >= 0, "scheduler.warmup_iterations",
            f"must be >= 0, got {c.scheduler.warmup_iterations}")

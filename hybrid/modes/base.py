@@ -29,6 +29,7 @@ side imports the runtime's MPI modules where it uses them.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Optional
 
@@ -36,6 +37,7 @@ import numpy as np
 
 from hybrid.config import Config, EmbeddingOptimizer, Mode, SyncMode
 from hybrid.data.store import BatchStore, GlobalBatch
+from hybrid.runtime import launch_facts
 from hybrid.scheduling.plans import BatchPlan, WorkerPlan
 from hybrid.scheduling.policy import SchedulePolicy, SchedulerError, Sync
 from hybrid.scheduling.scheduler import Scheduler
@@ -111,6 +113,8 @@ class TrainingMode(abc.ABC):
     def scheduler_for(cls, config: Config, *, cardinalities, worker: Optional[int] = None) -> Scheduler:
         """The scheduler over the cluster state with this mode's choices (``worker``: the runtime's own)."""
         cls.check(config)
+        threads = launch_facts.scheduler_threads(config.scheduler.threads, config.train.threads)
+        config = dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler, threads=threads))
         return Scheduler.from_config(config, cardinalities=cardinalities, policy=cls.schedule, worker=worker)
 
     @classmethod

@@ -159,6 +159,19 @@ def decide(environ: Mapping[str, str], cores: int, user_threads: int = 0, files=
                        yields=yields, decided_by=why)
 
 
+def scheduler_threads(configured: int, user_threads: int = 0,
+                      environ: Optional[Mapping[str, str]] = None) -> int:
+    """``scheduler.threads``, else the rank's compute threads (the cores its share of the host gives).
+
+    The scheduler runs ahead of training in its own thread; its OpenMP
+    threads exist only while one of its stages runs, on the cores the rank's
+    compute threads use (docs/cluster.md, "How ranks wait").
+    """
+    if configured:
+        return configured
+    return decide(os.environ if environ is None else environ, usable_cores(), user_threads).compute_threads
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity: a cgroup's or a binding's limit included)."""
     return len(os.sched_getaffinity(0))

@@ -76,7 +76,8 @@ class SchedulePolicy:
                             full_set=self.sync in (Sync.full_set, Sync.fae_replicas), max_pairs=max_pairs,
                             p2p=config.scheduler.sync is SyncMode.p2p, policy=config.cache.policy.value,
                             focus=-1 if worker is None else worker, annotate=worker is not None,
-                            staleness=config.scheduler.staleness if self.sync is Sync.het_clocks else -1)
+                            staleness=config.scheduler.staleness if self.sync is Sync.het_clocks else -1,
+                            threads=config.scheduler.threads)
 
     def allocation_policy(self, config: Config, state: ClusterState, cardinalities: np.ndarray) -> AllocationPolicy:
         """This allocation's policy; LAIA reads ``state`` (where rows are cached and fresh)."""
