@@ -16,7 +16,10 @@ depends on the chunk count but never on the thread count.
 import numpy as np
 from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
+from atomics cimport cas_i64, fetch_add_i32, fetch_add_i64, load_i64, store_i64
 from counter_hash cimport hash3
+
+cdef int64_t FULL = 0x7FFFFFFFFFFFFFFF  # the key of a worker with no room left
 
 cdef extern from *:
     int ctz64 "__builtin_ctzll"(unsigned long long) nogil
@@ -155,82 +158,167 @@ def allocate_chunked(*, const int32_t[:, ::1] scores, const int64_t[:, ::1] chun
     return alloc
 
 
+cdef int64_t LOW32 = (<int64_t>1 << 32) - 1
+cdef int64_t PENDING = LOW32  # BatchCosts.distinct: an entry claimed, its index not yet published
+
+
+cdef inline int64_t fib_slot(int64_t key, int64_t mask) noexcept nogil:
+    """Home of ``key`` in a power-of-two table of ``mask + 1`` entries (as :func:`probe`)."""
+    return <int64_t>((<uint64_t>key * <uint64_t>0x9E3779B97F4A7C15ULL) >> 20) & mask
+
+
 cdef inline int64_t probe(int64_t[::1] keys, int64_t mask, int64_t key) noexcept nogil:
     """Slot of ``key`` in an open-addressing table of int64 keys (-1 = empty): its own or the empty one to fill."""
-    cdef int64_t h = <int64_t>((<uint64_t>key * <uint64_t>0x9E3779B97F4A7C15ULL) >> 20) & mask
+    cdef int64_t h = fib_slot(key, mask)
     while keys[h] != -1 and keys[h] != key:
         h = (h + 1) & mask
     return h
+
+
+cdef enum:
+    OWNER = 1            # int32 fields at the head of a row record (see BatchCosts)
+    N_MISS = 2
+    HEAD = 2             # uint64 words the int32 fields take
+    LISTED = 1 << 30     # costs(): a worker's scratch entry while listed (deltas stay far below)
+    LOAD_BITS = 40       # a worker's placed cost stays below 2 ** 40 (at most 3 per entry of a batch)
 
 
 cdef class BatchCosts:
     """The distinct rows of one global batch, who trains them, and what a placement adds (:func:`allocate_cost`).
 
     Everything is sized by the batch (samples x tables), never by the tables
-    or the caches. Per distinct row: its holder bits (copied from the cluster
-    state), its dirty owner, the workers training it in this batch (same bit
-    layout as the holders) and how many of them pull it; per (row, worker)
-    the samples placed there that use it, so a sample can be moved.
+    or the caches. Per distinct row how often the batch uses it, and one
+    record, so that reading a row costs one cache miss: its dirty owner, how
+    many of its trainers pull it, its holder bits (copied from the cluster
+    state) and the workers training it in this batch (same bit layout as the
+    holders).
+    With ``pair_room`` above 2 it also counts, per (row, worker), the samples
+    placed there that use the row, so that a sample can be moved back
+    (:meth:`can_move`, the swap pass); greedy placement alone needs only the bits.
     """
     cdef int n_workers, words, n_tables
-    cdef int64_t full_set, common, n_distinct, mask, pair_mask, pair_used, stamp
-    cdef int64_t[::1] keys, pair_keys, extra
-    cdef int32_t[::1] index, ids, seen, owner, n_miss, pair_count, visited
-    cdef uint64_t[::1] fresh, trains
+    cdef int64_t full_set, common, n_distinct, mask, pair_mask, pair_used, stamp, stride
+    cdef bint counts_pairs
+    cdef int64_t[::1] keys, pair_keys, extra, scratch
+    cdef int32_t[::1] ids, seen, pair_count, visited, touched, deltas
+    cdef object record_memory
+    cdef uint64_t* records                   # stride words per distinct row: HEAD, fresh[words], trains[words]
     cdef BatchCosts previous
 
     def __init__(self, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
-                 const int32_t[::1] tables, bint full_set, BatchCosts previous=None, int pair_room=2):
-        """``pair_room``: (row, worker) slots per entry of the batch; above 2, room for moves (:meth:`can_move`)."""
+                 const int32_t[::1] tables, bint full_set, BatchCosts previous=None, int pair_room=2,
+                 int threads=1):
+        """``pair_room``: (row, worker) slots per entry of the batch; above 2, room for moves (:meth:`can_move`).
+        ``threads`` find the distinct rows (the costs do not depend on it)."""
         cdef Py_ssize_t n_samples = rows.shape[0], i, k
         self.n_workers, self.words, self.n_tables, self.full_set = n_workers, words, tables.shape[0], full_set
         self.common = COMMON * n_workers
         cdef int64_t entries = max(1, n_samples * self.n_tables), size = 16, pair_size = 16
         while size < 2 * entries:
             size <<= 1
-        while pair_size < max(2, pair_room) * entries:
+        self.counts_pairs = pair_room > 2
+        while self.counts_pairs and pair_size < pair_room * entries:
             pair_size <<= 1
         self.mask, self.pair_mask, self.pair_used = size - 1, pair_size - 1, 0
         self.keys = np.full(size, -1, dtype=np.int64)
-        self.index = np.empty(size, dtype=np.int32)
         self.pair_keys = np.full(pair_size, -1, dtype=np.int64)
         self.pair_count = np.zeros(pair_size, dtype=np.int32)
         self.ids = np.empty(entries, dtype=np.int32)
-        self.seen = np.zeros(entries, dtype=np.int32)
-        self.owner = np.empty(entries, dtype=np.int32)
-        self.n_miss = np.zeros(entries, dtype=np.int32)
         self.visited = np.zeros(entries, dtype=np.int32)
-        self.fresh = np.empty(entries * words, dtype=np.uint64)
-        self.trains = np.zeros(entries * words, dtype=np.uint64)
+        self.seen = np.zeros(entries, dtype=np.int32)  # apart from the records: threads count while others fill
+        self.stride = HEAD + 2 * words
+        # records aligned to 64 bytes: with up to 191 workers (3 words) a record is one cache line
+        self.record_memory = np.zeros(entries * self.stride + 8, dtype=np.uint64)
+        cdef uint64_t[::1] memory = self.record_memory
+        self.records = &memory[(8 - (<size_t>&memory[0] // 8) % 8) % 8]
         self.extra = np.zeros(n_workers, dtype=np.int64)
+        self.scratch = np.zeros(n_workers, dtype=np.int64)
+        self.touched = np.zeros(n_workers, dtype=np.int32)
+        self.deltas = np.zeros(n_workers, dtype=np.int32)
         self.n_distinct = 0
         self.stamp = 0
         self.previous = previous
+        cdef bint shared = threads > 1
         with nogil:
-            for i in range(n_samples):
+            for i in prange(n_samples, num_threads=threads, schedule="static"):
+                if i + 1 < n_samples:  # overlap the next sample's (random) entry misses
+                    for k in range(self.n_tables):
+                        prefetch(&self.keys[fib_slot(rows[i + 1, tables[k]], self.mask)])
                 for k in range(self.n_tables):
-                    self.ids[i * self.n_tables + k] = self.distinct(holders, rows[i, tables[k]])
+                    self.ids[i * self.n_tables + k] = self.distinct(holders, rows[i, tables[k]], shared)
 
-    cdef int32_t distinct(self, const uint64_t[::1] holders, int64_t row) noexcept nogil:
-        """Index of ``row`` among the batch's distinct rows; first sight copies its holders and dirty owner."""
-        cdef int64_t h = probe(self.keys, self.mask, row), u, word, count = 0, bit = -1
+    cdef inline uint64_t* record(self, int64_t u) noexcept nogil:
+        return self.records + u * self.stride
+
+    cdef inline int32_t* fields(self, int64_t u) noexcept nogil:
+        return <int32_t*>(self.records + u * self.stride)
+
+    cdef inline uint64_t* fresh(self, int64_t u) noexcept nogil:
+        return self.records + u * self.stride + HEAD
+
+    cdef inline uint64_t* trains(self, int64_t u) noexcept nogil:
+        return self.records + u * self.stride + HEAD + self.words
+
+    cdef inline int64_t find(self, int64_t row) noexcept nogil:
+        """Index of ``row`` among the batch's distinct rows, or -1."""
+        cdef int64_t h = fib_slot(row, self.mask), entry
+        while True:
+            entry = self.keys[h]
+            if entry == -1:
+                return -1
+            if (entry >> 32) == row:
+                return entry & LOW32
+            h = (h + 1) & self.mask
+
+    cdef int32_t distinct(self, const uint64_t[::1] holders, int64_t row, bint shared) noexcept nogil:
+        """Index of ``row`` among the batch's distinct rows; first sight copies its holders and dirty owner.
+
+        Entries pack ``row << 32 | index``. With ``shared``, threads insert at
+        once: a thread claims an entry by compare-and-swap (index PENDING),
+        then takes the next index and publishes it; a thread finding the row
+        pending waits for that. Indices then depend on timing; nothing reads
+        their order.
+        """
+        cdef int64_t h = fib_slot(row, self.mask), u, word, entry, count = 0, bit = -1
         cdef uint64_t x
-        if self.keys[h] == -1:
-            u = self.n_distinct
-            self.n_distinct += 1
-            self.keys[h] = row
-            self.index[h] = <int32_t>u
-            for word in range(self.words):
-                x = holders[row * self.words + word]
-                if self.previous is not None:
-                    x = self.previous.holders_after(row, word, x)
-                self.fresh[u * self.words + word] = x
-                if x:
-                    count += popcount64(x)
-                    bit = 64 * word + ctz64(x)
-            self.owner[u] = <int32_t>(bit - 1) if count == 1 and bit > 0 else -1
-        u = self.index[h]
-        self.seen[u] += 1
+        while True:
+            entry = load_i64(&self.keys[h]) if shared else self.keys[h]
+            if entry == -1:
+                if shared:
+                    if not cas_i64(&self.keys[h], -1, (row << 32) | PENDING):
+                        continue  # another thread took the entry: look at it again
+                    u = fetch_add_i64(&self.n_distinct, 1)
+                    store_i64(&self.keys[h], (row << 32) | u)
+                else:
+                    u = self.n_distinct
+                    self.n_distinct += 1
+                    self.keys[h] = (row << 32) | u
+                break
+            if (entry >> 32) == row:
+                while (entry & LOW32) == PENDING:  # its claimer is a few instructions from the index
+                    entry = load_i64(&self.keys[h])
+                u = entry & LOW32
+                if self.seen[u] < self.common:  # a count that has reached common no longer matters
+                    if shared:
+                        fetch_add_i32(&self.seen[u], 1)
+                    else:
+                        self.seen[u] += 1
+                return <int32_t>u
+            h = (h + 1) & self.mask
+        # first sight
+        for word in range(self.words):
+            x = holders[row * self.words + word]
+            if self.previous is not None:
+                x = self.previous.holders_after(row, word, x)
+            self.fresh(u)[word] = x
+            if x:
+                count += popcount64(x)
+                bit = 64 * word + ctz64(x)
+        self.fields(u)[OWNER] = <int32_t>(bit - 1) if count == 1 and bit > 0 else -1
+        if shared:
+            fetch_add_i32(&self.seen[u], 1)
+        else:
+            self.seen[u] += 1
         return <int32_t>u
 
     cdef uint64_t holders_after(self, int64_t row, int64_t word, uint64_t now) noexcept nogil:
@@ -240,15 +328,14 @@ cdef class BatchCosts:
         trains is then fresh there only (full set: there and on the PS), a row
         several workers train is fresh on the PS only. Evictions are ignored.
         """
-        cdef int64_t h = probe(self.keys, self.mask, row), u, k, trainers = 0
-        if self.keys[h] != row:
+        cdef int64_t u = self.find(row), k, trainers = 0
+        if u < 0:
             return now
-        u = self.index[h]
         for k in range(self.words):
-            trainers += popcount64(self.trains[u * self.words + k])
+            trainers += popcount64(self.trains(u)[k])
         if trainers >= 2:
             return 1 if word == 0 else 0
-        return self.trains[u * self.words + word] | (1 if word == 0 and self.full_set else 0)
+        return self.trains(u)[word] | (1 if word == 0 and self.full_set else 0)
 
     cdef int64_t batch_cost(self) noexcept nogil:
         """This batch's reads as placed: the sum of :meth:`row_cost` over its distinct rows."""
@@ -257,51 +344,82 @@ cdef class BatchCosts:
             total += self.row_cost(u)
         return total
 
-    cdef inline bint has(self, uint64_t[::1] bits, int64_t u, int64_t w) noexcept nogil:
-        return (bits[u * self.words + ((w + 1) >> 6)] >> ((w + 1) & 63)) & 1
+    cdef int64_t costs(self, int64_t i, int64_t next_i, int32_t* workers, int32_t* deltas,
+                       int64_t* count) noexcept nogil:
+        """What placing sample ``i`` adds on each worker: ``total`` (returned), plus ``deltas[k]`` on
+        ``workers[k]`` for ``k < count`` (those holding or training one of its rows); 0 more elsewhere.
 
-    cdef int64_t costs(self, int64_t i) noexcept nogil:
-        """What placing sample ``i`` adds on each worker: ``total + extra[w]``; returns ``total``."""
-        cdef int64_t total = 0, base, k, u, w, word
+        Sparse: most workers hold none of a sample's rows, and the choice
+        among them is then a loop the compiler vectorizes. ``next_i``: the
+        sample placed after ``i`` (its records are prefetched; -1: none).
+        """
+        cdef int64_t* scratch = &self.scratch[0]  # n_workers zeros, left so
+        cdef int64_t total = 0, base, k, u, w, word, n = 0
         cdef uint64_t x, trained
-        for w in range(self.n_workers):
-            self.extra[w] = 0
+        cdef int32_t* f
+        if next_i >= 0:  # overlap the next sample's record misses
+            for k in range(self.n_tables):
+                prefetch(self.record(self.ids[next_i * self.n_tables + k]))
         for k in range(self.n_tables):
             u = self.ids[i * self.n_tables + k]
             if self.seen[u] >= self.common:
                 continue
-            base = 1 + self.full_set + (1 if self.owner[u] >= 0 and self.n_miss[u] == 0 else 0)
+            f = self.fields(u)
+            base = 1 + self.full_set + (1 if f[OWNER] >= 0 and f[N_MISS] == 0 else 0)
             total += base
             for word in range(self.words):  # workers that hold it fresh or already train it cost less
-                trained = self.trains[u * self.words + word]
-                x = self.fresh[u * self.words + word] | trained
+                trained = self.trains(u)[word]
+                x = self.fresh(u)[word] | trained
                 if word == 0:
                     x = x & ~(<uint64_t>1)
                 while x:
                     w = 64 * word + ctz64(x) - 1
+                    if scratch[w] == 0:  # first sight: listed, and marked by a bias no sum reaches
+                        workers[n] = <int32_t>w
+                        n += 1
+                        scratch[w] = LISTED
                     if trained & (x & (~x + 1)):
-                        self.extra[w] -= base
+                        scratch[w] -= base
                     else:
-                        self.extra[w] += self.full_set - base  # fresh: no pull and no plan push
+                        scratch[w] += self.full_set - base  # fresh: no pull and no plan push
                     x = x & (x - 1)
+        for k in range(n):
+            deltas[k] = <int32_t>(scratch[workers[k]] - LISTED)
+            scratch[workers[k]] = 0
+        count[0] = n
+        return total
+
+    cdef int64_t dense_costs(self, int64_t i) noexcept nogil:
+        """:meth:`costs` of sample ``i`` into ``extra`` (one entry per worker); returns the total."""
+        cdef int64_t n, k, total
+        for k in range(self.n_workers):
+            self.extra[k] = 0
+        total = self.costs(i, -1, &self.touched[0], &self.deltas[0], &n)
+        for k in range(n):
+            self.extra[self.touched[k]] = self.deltas[k]
         return total
 
     cdef void move(self, int64_t i, int64_t w, int sign) noexcept nogil:
-        """Place (``sign`` 1) or take back (-1) sample ``i`` on worker ``w``."""
+        """Place (``sign`` 1) or take back (-1, counting pairs only) sample ``i`` on worker ``w``."""
         cdef int64_t k, u, h
         cdef int64_t word = (w + 1) >> 6
         cdef uint64_t bit = (<uint64_t>1) << ((w + 1) & 63)
+        cdef bint changed
         for k in range(self.n_tables):
             u = self.ids[i * self.n_tables + k]
-            h = probe(self.pair_keys, self.pair_mask, u * self.n_workers + w)
-            if self.pair_keys[h] == -1:
-                self.pair_keys[h] = u * self.n_workers + w
-                self.pair_used += 1
-            self.pair_count[h] += sign
-            if (sign > 0 and self.pair_count[h] == 1) or (sign < 0 and self.pair_count[h] == 0):
-                self.trains[u * self.words + word] ^= bit
-                if not (self.fresh[u * self.words + word] & bit):
-                    self.n_miss[u] += sign
+            if self.counts_pairs:
+                h = probe(self.pair_keys, self.pair_mask, u * self.n_workers + w)
+                if self.pair_keys[h] == -1:
+                    self.pair_keys[h] = u * self.n_workers + w
+                    self.pair_used += 1
+                self.pair_count[h] += sign
+                changed = (sign > 0 and self.pair_count[h] == 1) or (sign < 0 and self.pair_count[h] == 0)
+            else:  # placing only: the row's trainer bit says whether w already trains it
+                changed = not (self.trains(u)[word] & bit)
+            if changed:
+                self.trains(u)[word] ^= bit
+                if not (self.fresh(u)[word] & bit):
+                    self.fields(u)[N_MISS] += sign
 
     cdef bint can_move(self) noexcept nogil:
         """Whether a swap (two samples, both ways) still fits the (row, worker) table below 3/4 full.
@@ -310,17 +428,18 @@ cdef class BatchCosts:
         tombstones), so every trial move may add keys: the swap pass stops
         when the next one could fill the table.
         """
-        return self.pair_used + 4 * self.n_tables <= 3 * (self.pair_mask + 1) // 4
+        return self.counts_pairs and self.pair_used + 4 * self.n_tables <= 3 * (self.pair_mask + 1) // 4
 
     cdef int64_t row_cost(self, int64_t u) noexcept nogil:
         """This batch's reads of row ``u`` (pulls and the owner's plan push; full set: its pushes too)."""
         cdef int64_t word, trainers = 0
+        cdef int32_t* f = self.fields(u)
         if self.seen[u] >= self.common:
             return 0
         if self.full_set:
             for word in range(self.words):
-                trainers += popcount64(self.trains[u * self.words + word])
-        return self.n_miss[u] + (1 if self.owner[u] >= 0 and self.n_miss[u] > 0 else 0) + trainers
+                trainers += popcount64(self.trains(u)[word])
+        return f[N_MISS] + (1 if f[OWNER] >= 0 and f[N_MISS] > 0 else 0) + trainers
 
     cdef int64_t pair_cost(self, int64_t i, int64_t j) noexcept nogil:
         """The summed cost of the distinct rows of samples ``i`` and ``j`` (each row once)."""
@@ -343,13 +462,13 @@ cdef class BatchCosts:
                 continue
             h = probe(self.pair_keys, self.pair_mask, u * self.n_workers + w)
             if self.pair_count[h] == 1:
-                saving += self.full_set + (0 if self.has(self.fresh, u, w) else 1)
+                saving += self.full_set + (0 if (self.fresh(u)[(w + 1) >> 6] >> ((w + 1) & 63)) & 1 else 1)
         return saving
 
 
 def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
                   const int32_t[::1] tables, const int64_t[::1] capacity, uint64_t seed, uint64_t iteration,
-                  order=None, bint full_set=False, int swap_rounds=0):
+                  order=None, bint full_set=False, int swap_rounds=0, int threads=1):
     """Each sample to the worker where it adds the fewest transmissions, given the samples placed before it.
 
     The cost of placing a sample on worker ``w`` sums over its rows (in
@@ -381,7 +500,7 @@ def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, cons
     cdef int64_t[::1] steps = checked_order(capacity, n_samples, n_workers, order)
     cdef const int64_t* taken = &steps[0] if steps.shape[0] else NULL
     cdef BatchCosts board = BatchCosts(holders, words, n_workers, rows, tables, full_set,
-                                       pair_room=SWAP_ROOM if swap_rounds else 2)
+                                       pair_room=SWAP_ROOM if swap_rounds else 2, threads=threads)
     alloc = np.empty(n_samples, dtype=np.int32)
     greedy(board, alloc, capacity, seed, iteration, taken)
     for k in range(swap_rounds):
@@ -396,33 +515,39 @@ cdef void greedy(BatchCosts board, int32_t[::1] out, const int64_t[::1] capacity
     cdef int64_t n_samples = out.shape[0], n_workers = board.n_workers
     cdef int64_t[::1] remaining = np.array(capacity, dtype=np.int64)
     cdef int64_t[::1] load = np.zeros(n_workers, dtype=np.int64)
-    cdef int64_t i, j, w, total, best, ties, pick, cost, least
+    cdef int64_t[::1] keys = np.zeros(n_workers, dtype=np.int64)
+    cdef int64_t i, j, w, k, n, total, best_key, ties, pick
+    cdef int32_t* workers = &board.touched[0]
+    cdef int32_t* deltas = &board.deltas[0]
     cdef uint64_t stream = iteration * <uint64_t>0x100000001B3ULL + TIE_STREAM
     with nogil:
         for j in range(n_samples):
             i = taken[j] if taken != NULL else j
-            total = board.costs(i)
-            best = -1
-            ties = 0
-            least = -1
+            total = board.costs(i, -1 if j + 1 == n_samples else (taken[j + 1] if taken != NULL else j + 1),
+                                workers, deltas, &n)
+            # the cheapest worker with room, then the least loaded: one key (cost, load) per worker,
+            # in branch-free loops the compiler vectorizes
             for w in range(n_workers):
+                keys[w] = (total << LOAD_BITS) | load[w] if remaining[w] > 0 else FULL
+            for k in range(n):
+                w = workers[k]
                 if remaining[w] > 0:
-                    cost = total + board.extra[w]
-                    if best < 0 or cost < best or (cost == best and load[w] < least):
-                        best = cost
-                        least = load[w]
-                        ties = 1
-                    elif cost == best and load[w] == least:
-                        ties += 1
+                    keys[w] = ((total + deltas[k]) << LOAD_BITS) | load[w]
+            best_key = FULL
+            for w in range(n_workers):
+                best_key = keys[w] if keys[w] < best_key else best_key
+            ties = 0
+            for w in range(n_workers):
+                ties += keys[w] == best_key
             pick = <int64_t>(hash3(seed, stream, <uint64_t>i) % <uint64_t>ties)
             for w in range(n_workers):
-                if remaining[w] > 0 and total + board.extra[w] == best and load[w] == least:
+                if keys[w] == best_key:
                     if pick == 0:
                         break
                     pick -= 1
             out[i] = <int32_t>w
             remaining[w] -= 1
-            load[w] += best
+            load[w] += best_key >> LOAD_BITS
             board.move(i, w, 1)
 
 
@@ -465,7 +590,7 @@ cdef int64_t swap_pass(BatchCosts board, int32_t[::1] alloc):
     with nogil:
         for i in range(n_samples):
             a = alloc[i]
-            total = board.costs(i)
+            total = board.dense_costs(i)
             saving = board.leave_saving(i, a)
             for w in range(n_workers):
                 g = saving - (total + board.extra[w])

@@ -144,11 +144,11 @@ class LaiaAllocation(AllocationPolicy):
         margins = margin_order(self._scores) if self.confident or self.looks_ahead else None
         orders = (margins, None) if self.confident else (None, margins)
         alloc = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
-                                   order=orders[0], **common)
+                                   order=orders[0], threads=self.threads, **common)
         if not self.looks_ahead or upcoming is None:
             return alloc
         other = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
-                                   order=orders[1], **common)
+                                   order=orders[1], threads=self.threads, **common)
         if np.array_equal(alloc, other):
             return alloc
         following = capacities(len(upcoming), self.n_workers)
