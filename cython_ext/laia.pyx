@@ -19,7 +19,6 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 from atomics cimport cas_i64, fetch_add_i32, fetch_add_i64, load_i64, store_i64
 from counter_hash cimport hash3
 
-cdef int64_t FULL = 0x7FFFFFFFFFFFFFFF  # the key of a worker with no room left
 
 cdef extern from *:
     int ctz64 "__builtin_ctzll"(unsigned long long) nogil
@@ -64,6 +63,26 @@ def score(*, const uint64_t[::1] holders, int words, int n_workers, const int64_
                     while x:
                         out[i, 64 * word + ctz64(x) - 1] += 1
                         x = x & (x - 1)
+
+
+def margins(*, const int32_t[:, ::1] scores, int threads=1):
+    """Per sample, its second-best score less its best (<= 0; 0 when the best is shared), as int32."""
+    cdef Py_ssize_t n_samples = scores.shape[0], n_workers = scores.shape[1], i, w
+    out_array = np.zeros(n_samples, dtype=np.int32)
+    cdef int32_t[::1] out = out_array
+    cdef int32_t best, second, x
+    if n_workers < 2:
+        return out_array
+    with nogil:
+        for i in prange(n_samples, num_threads=threads, schedule="static"):
+            best = max(scores[i, 0], scores[i, 1])
+            second = min(scores[i, 0], scores[i, 1])
+            for w in range(2, n_workers):  # branch-free: the compiler vectorizes it
+                x = scores[i, w]
+                second = max(second, min(best, x))
+                best = max(best, x)
+            out[i] = second - best
+    return out_array
 
 
 cdef void allocate_range(const int32_t[:, ::1] scores, int64_t first, int64_t last,
@@ -176,11 +195,9 @@ cdef inline int64_t probe(int64_t[::1] keys, int64_t mask, int64_t key) noexcept
 
 
 cdef enum:
-    OWNER = 1            # int32 fields at the head of a row record (see BatchCosts)
+    OWNER = 1            # int32 fields at the head of a row record (see BatchCosts; 0 and 3 unused)
     N_MISS = 2
-    HEAD = 2             # uint64 words the int32 fields take
-    LISTED = 1 << 30     # costs(): a worker's scratch entry while listed (deltas stay far below)
-    LOAD_BITS = 40       # a worker's placed cost stays below 2 ** 40 (at most 3 per entry of a batch)
+    HEAD = 2             # uint64 words the int32 fields take: a record of 3 holder words fills 64 bytes
 
 
 cdef class BatchCosts:
@@ -199,8 +216,10 @@ cdef class BatchCosts:
     cdef int n_workers, words, n_tables
     cdef int64_t full_set, common, n_distinct, mask, pair_mask, pair_used, stamp, stride
     cdef bint counts_pairs
-    cdef int64_t[::1] keys, pair_keys, extra, scratch
-    cdef int32_t[::1] ids, seen, pair_count, visited, touched, deltas
+    cdef int64_t n_slices                    # bits of the largest saving of a sample (3 per table)
+    cdef int64_t[::1] keys, pair_keys, extra
+    cdef uint64_t[::1] saving                # costs(): n_slices x words
+    cdef int32_t[::1] ids, seen, pair_count, visited
     cdef object record_memory
     cdef uint64_t* records                   # stride words per distinct row: HEAD, fresh[words], trains[words]
     cdef BatchCosts previous
@@ -224,17 +243,18 @@ cdef class BatchCosts:
         self.pair_keys = np.full(pair_size, -1, dtype=np.int64)
         self.pair_count = np.zeros(pair_size, dtype=np.int32)
         self.ids = np.empty(entries, dtype=np.int32)
-        self.visited = np.zeros(entries, dtype=np.int32)
+        self.visited = np.zeros(entries if self.counts_pairs else 1, dtype=np.int32)  # the swap pass's
         self.seen = np.zeros(entries, dtype=np.int32)  # apart from the records: threads count while others fill
         self.stride = HEAD + 2 * words
         # records aligned to 64 bytes: with up to 191 workers (3 words) a record is one cache line
-        self.record_memory = np.zeros(entries * self.stride + 8, dtype=np.uint64)
+        self.record_memory = np.empty(entries * self.stride + 8, dtype=np.uint64)  # filled at first sight
         cdef uint64_t[::1] memory = self.record_memory
         self.records = &memory[(8 - (<size_t>&memory[0] // 8) % 8) % 8]
         self.extra = np.zeros(n_workers, dtype=np.int64)
-        self.scratch = np.zeros(n_workers, dtype=np.int64)
-        self.touched = np.zeros(n_workers, dtype=np.int32)
-        self.deltas = np.zeros(n_workers, dtype=np.int32)
+        self.n_slices = 1
+        while (1 << self.n_slices) <= 3 * max(1, self.n_tables):
+            self.n_slices += 1
+        self.saving = np.zeros(self.n_slices * words, dtype=np.uint64)
         self.n_distinct = 0
         self.stamp = 0
         self.previous = previous
@@ -305,15 +325,18 @@ cdef class BatchCosts:
                         self.seen[u] += 1
                 return <int32_t>u
             h = (h + 1) & self.mask
-        # first sight
+        # first sight: the whole record (its memory is not cleared beforehand)
         for word in range(self.words):
             x = holders[row * self.words + word]
             if self.previous is not None:
                 x = self.previous.holders_after(row, word, x)
             self.fresh(u)[word] = x
+            self.trains(u)[word] = 0
             if x:
                 count += popcount64(x)
                 bit = 64 * word + ctz64(x)
+        for word in range(HEAD):
+            self.record(u)[word] = 0
         self.fields(u)[OWNER] = <int32_t>(bit - 1) if count == 1 and bit > 0 else -1
         if shared:
             fetch_add_i32(&self.seen[u], 1)
@@ -344,19 +367,22 @@ cdef class BatchCosts:
             total += self.row_cost(u)
         return total
 
-    cdef int64_t costs(self, int64_t i, int64_t next_i, int32_t* workers, int32_t* deltas,
-                       int64_t* count) noexcept nogil:
-        """What placing sample ``i`` adds on each worker: ``total`` (returned), plus ``deltas[k]`` on
-        ``workers[k]`` for ``k < count`` (those holding or training one of its rows); 0 more elsewhere.
+    cdef int64_t costs(self, int64_t i, int64_t next_i, uint64_t* saving) noexcept nogil:
+        """What placing sample ``i`` adds on worker ``w``: ``total`` (returned) less ``D[w]``, the reads
+        ``w`` saves because it holds or already trains some of ``i``'s rows.
 
-        Sparse: most workers hold none of a sample's rows, and the choice
-        among them is then a loop the compiler vectorizes. ``next_i``: the
-        sample placed after ``i`` (its records are prefetched; -1: none).
+        ``D`` comes as bit slices in the holders' bit layout: bit ``w + 1``
+        of ``saving[s * words + k]`` (word ``k``) is bit ``s`` of ``D[w]``.
+        Each row adds its saving to all its workers at once (a ripple-carry
+        add of one word), whatever their number, and the cheapest workers
+        are then found by a few word operations (:func:`cheapest`).
+        ``next_i``: the sample placed after ``i`` (its records are prefetched; -1: none).
         """
-        cdef int64_t* scratch = &self.scratch[0]  # n_workers zeros, left so
-        cdef int64_t total = 0, base, k, u, w, word, n = 0
-        cdef uint64_t x, trained
+        cdef int64_t total = 0, base, k, u, word
+        cdef uint64_t fresh, trained
         cdef int32_t* f
+        for k in range(self.n_slices * self.words):
+            saving[k] = 0
         if next_i >= 0:  # overlap the next sample's record misses
             for k in range(self.n_tables):
                 prefetch(self.record(self.ids[next_i * self.n_tables + k]))
@@ -367,36 +393,38 @@ cdef class BatchCosts:
             f = self.fields(u)
             base = 1 + self.full_set + (1 if f[OWNER] >= 0 and f[N_MISS] == 0 else 0)
             total += base
-            for word in range(self.words):  # workers that hold it fresh or already train it cost less
+            for word in range(self.words):
                 trained = self.trains(u)[word]
-                x = self.fresh(u)[word] | trained
-                if word == 0:
-                    x = x & ~(<uint64_t>1)
-                while x:
-                    w = 64 * word + ctz64(x) - 1
-                    if scratch[w] == 0:  # first sight: listed, and marked by a bias no sum reaches
-                        workers[n] = <int32_t>w
-                        n += 1
-                        scratch[w] = LISTED
-                    if trained & (x & (~x + 1)):
-                        scratch[w] -= base
-                    else:
-                        scratch[w] += self.full_set - base  # fresh: no pull and no plan push
-                    x = x & (x - 1)
-        for k in range(n):
-            deltas[k] = <int32_t>(scratch[workers[k]] - LISTED)
-            scratch[workers[k]] = 0
-        count[0] = n
+                fresh = self.fresh(u)[word] & (~(<uint64_t>1) if word == 0 else ~(<uint64_t>0))  # not the PS
+                if self.full_set:  # a trainer saves its pull and push, a fresh holder its pull
+                    self.add_saving(saving, word, trained, base)
+                    self.add_saving(saving, word, fresh & ~trained, base - 1)
+                else:  # a trainer or a fresh holder saves the pull (and the owner's push)
+                    self.add_saving(saving, word, trained | fresh, base)
         return total
 
+    cdef inline void add_saving(self, uint64_t* saving, int64_t word, uint64_t workers, int64_t amount) noexcept nogil:
+        """Add ``amount`` (< 4) to ``D`` of ``workers`` (a word of bits): ripple-carry adds into the slices."""
+        cdef int64_t j, s
+        cdef uint64_t carry, t
+        for j in range(2):
+            if (amount >> j) & 1:
+                carry = workers
+                s = j
+                while carry:  # n_slices hold the largest sum, so the carry ends within them
+                    t = saving[s * self.words + word] & carry
+                    saving[s * self.words + word] ^= carry
+                    carry = t
+                    s += 1
+
     cdef int64_t dense_costs(self, int64_t i) noexcept nogil:
-        """:meth:`costs` of sample ``i`` into ``extra`` (one entry per worker); returns the total."""
-        cdef int64_t n, k, total
-        for k in range(self.n_workers):
-            self.extra[k] = 0
-        total = self.costs(i, -1, &self.touched[0], &self.deltas[0], &n)
-        for k in range(n):
-            self.extra[self.touched[k]] = self.deltas[k]
+        """:meth:`costs` of sample ``i`` as ``extra[w]`` = -``D[w]``, one entry per worker; returns the total."""
+        cdef int64_t total = self.costs(i, -1, &self.saving[0]), w, s, bit
+        for w in range(self.n_workers):
+            bit = w + 1
+            self.extra[w] = 0
+            for s in range(self.n_slices):
+                self.extra[w] -= ((self.saving[s * self.words + (bit >> 6)] >> (bit & 63)) & 1) << s
         return total
 
     cdef void move(self, int64_t i, int64_t w, int sign) noexcept nogil:
@@ -487,8 +515,9 @@ def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, cons
     Among the cheapest workers the one with the least cost placed on it so
     far wins (the busiest worker sets an iteration's pace); remaining ties
     are broken as in Algorithm 1, by a hash of (seed, iteration, sample).
-    Then up to ``swap_rounds`` rounds of :func:`swap_pass`.
-    Returns int32 worker per sample.
+    Then up to ``swap_rounds`` rounds of :func:`swap_pass`. ``threads``
+    find the batch's distinct rows; samples are placed one after another,
+    so the result does not depend on them. Returns int32 worker per sample.
     """
     cdef Py_ssize_t n_samples = rows.shape[0], n_tables = tables.shape[0]
     if words * 64 < n_workers + 1:
@@ -512,43 +541,79 @@ def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, cons
 cdef void greedy(BatchCosts board, int32_t[::1] out, const int64_t[::1] capacity, uint64_t seed,
                  uint64_t iteration, const int64_t* taken):
     """Each sample, in ``taken`` order (NULL: as they come), to its cheapest worker with room; see allocate_cost."""
-    cdef int64_t n_samples = out.shape[0], n_workers = board.n_workers
+    cdef int64_t n_samples = out.shape[0], n_workers = board.n_workers, words = board.words
     cdef int64_t[::1] remaining = np.array(capacity, dtype=np.int64)
     cdef int64_t[::1] load = np.zeros(n_workers, dtype=np.int64)
-    cdef int64_t[::1] keys = np.zeros(n_workers, dtype=np.int64)
-    cdef int64_t i, j, w, k, n, total, best_key, ties, pick
-    cdef int32_t* workers = &board.touched[0]
-    cdef int32_t* deltas = &board.deltas[0]
-    cdef uint64_t stream = iteration * <uint64_t>0x100000001B3ULL + TIE_STREAM
+    cdef uint64_t[::1] room = np.zeros(words, dtype=np.uint64)  # workers with room, in the holders' bit layout
+    cdef uint64_t[::1] best = np.zeros(words, dtype=np.uint64)
+    cdef uint64_t* saving = &board.saving[0]
+    cdef int64_t i, j, w, total, saved
+    for w in range(n_workers):
+        if remaining[w] > 0:
+            room[(w + 1) >> 6] |= (<uint64_t>1) << ((w + 1) & 63)
     with nogil:
         for j in range(n_samples):
             i = taken[j] if taken != NULL else j
-            total = board.costs(i, -1 if j + 1 == n_samples else (taken[j + 1] if taken != NULL else j + 1),
-                                workers, deltas, &n)
-            # the cheapest worker with room, then the least loaded: one key (cost, load) per worker,
-            # in branch-free loops the compiler vectorizes
-            for w in range(n_workers):
-                keys[w] = (total << LOAD_BITS) | load[w] if remaining[w] > 0 else FULL
-            for k in range(n):
-                w = workers[k]
-                if remaining[w] > 0:
-                    keys[w] = ((total + deltas[k]) << LOAD_BITS) | load[w]
-            best_key = FULL
-            for w in range(n_workers):
-                best_key = keys[w] if keys[w] < best_key else best_key
-            ties = 0
-            for w in range(n_workers):
-                ties += keys[w] == best_key
-            pick = <int64_t>(hash3(seed, stream, <uint64_t>i) % <uint64_t>ties)
-            for w in range(n_workers):
-                if keys[w] == best_key:
-                    if pick == 0:
-                        break
-                    pick -= 1
+            total = board.costs(i, -1 if j + 1 == n_samples else (taken[j + 1] if taken != NULL else j + 1), saving)
+            saved = cheapest(saving, board.n_slices, words, &room[0], &best[0])
+            w = least_loaded(&best[0], words, &load[0], seed, iteration, i)
             out[i] = <int32_t>w
             remaining[w] -= 1
-            load[w] += best_key >> LOAD_BITS
+            if remaining[w] == 0:
+                room[(w + 1) >> 6] &= ~((<uint64_t>1) << ((w + 1) & 63))
+            load[w] += total - saved
             board.move(i, w, 1)
+
+
+cdef int64_t cheapest(const uint64_t* saving, int64_t n_slices, int64_t words, const uint64_t* room,
+                      uint64_t* best) noexcept nogil:
+    """The workers with room whose saving ``D`` is largest, into ``best`` (bits); returns that saving.
+
+    From the top slice down, keep the candidates whose bit is set if any is:
+    what is left has the largest ``D``, bit by bit.
+    """
+    cdef int64_t s, k, saved = 0
+    cdef uint64_t any_set
+    for k in range(words):
+        best[k] = room[k]
+    for s in range(n_slices - 1, -1, -1):
+        any_set = 0
+        for k in range(words):
+            any_set |= best[k] & saving[s * words + k]
+        if any_set:
+            saved |= (<int64_t>1) << s
+            for k in range(words):
+                best[k] &= saving[s * words + k]
+    return saved
+
+
+cdef int64_t least_loaded(const uint64_t* candidates, int64_t words, const int64_t* load, uint64_t seed,
+                          uint64_t iteration, int64_t i) noexcept nogil:
+    """Among ``candidates`` (bits), the one with the least cost placed on it; ties by a hash of the sample."""
+    cdef int64_t k, w, least = -1, ties = 0, pick
+    cdef uint64_t x
+    cdef uint64_t stream = iteration * <uint64_t>0x100000001B3ULL + TIE_STREAM
+    for k in range(words):
+        x = candidates[k]
+        while x:
+            w = 64 * k + ctz64(x) - 1
+            if least < 0 or load[w] < least:
+                least = load[w]
+                ties = 1
+            elif load[w] == least:
+                ties += 1
+            x &= x - 1
+    pick = <int64_t>(hash3(seed, stream, <uint64_t>i) % <uint64_t>ties)
+    for k in range(words):
+        x = candidates[k]
+        while x:
+            w = 64 * k + ctz64(x) - 1
+            if load[w] == least:
+                if pick == 0:
+                    return w
+                pick -= 1
+            x &= x - 1
+    return -1
 
 
 def lookahead_cost(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,

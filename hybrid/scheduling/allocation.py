@@ -130,7 +130,7 @@ class LaiaAllocation(AllocationPolicy):
             alloc = self._cost_allocation(rows, tables, capacity, iteration, upcoming)
         elif self.chunks is None:
             alloc = laia.allocate_exact(scores=self._scores, capacity=capacity, seed=self.seed,
-                                        iteration=iteration, order=margin_order(self._scores) if self.confident else None)
+                                        iteration=iteration, order=margin_order(self._scores, self.threads) if self.confident else None)
         else:
             alloc = laia.allocate_chunked(scores=self._scores, chunk_capacity=chunk_capacity, chunk_start=starts,
                                           seed=self.seed, iteration=iteration, threads=self.threads)
@@ -141,7 +141,7 @@ class LaiaAllocation(AllocationPolicy):
         """Cost scoring's allocation; looking ahead, the better of both orders over this batch and the next."""
         common = dict(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
                       rows=rows, tables=tables, seed=self.seed, full_set=self.full_set)
-        margins = margin_order(self._scores) if self.confident or self.looks_ahead else None
+        margins = margin_order(self._scores, self.threads) if self.confident or self.looks_ahead else None
         orders = (margins, None) if self.confident else (None, margins)
         alloc = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
                                    order=orders[0], threads=self.threads, **common)
@@ -157,7 +157,7 @@ class LaiaAllocation(AllocationPolicy):
         return alloc if costs[0] <= costs[1] else other
 
 
-def margin_order(scores: np.ndarray) -> np.ndarray:
+def margin_order(scores: np.ndarray, threads: int = 1) -> np.ndarray:
     """Samples by the margin of their best worker over the second best, largest first (ties: batch order).
 
     A sample whose rows one worker holds far more of than any other gains
@@ -166,8 +166,8 @@ def margin_order(scores: np.ndarray) -> np.ndarray:
     """
     if scores.shape[1] < 2:
         return np.arange(len(scores), dtype=np.int64)
-    top = np.partition(scores, scores.shape[1] - 2, axis=1)[:, -2:]
-    return np.argsort(top[:, 0] - top[:, 1], kind="stable").astype(np.int64)  # second - best: most negative first
+    gaps = laia.margins(scores=scores, threads=threads)  # second - best: most negative first
+    return np.argsort(gaps, kind="stable").astype(np.int64)
 
 
 def chunk_layout(n_samples: int, capacity: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray]:

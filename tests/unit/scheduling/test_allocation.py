@@ -214,11 +214,12 @@ def test_the_confident_order_takes_the_largest_margins_first_and_respects_capaci
     scores = np.array(data.draw(st.lists(st.lists(st.integers(0, 5), min_size=n_workers, max_size=n_workers),
                                          min_size=n, max_size=n)), dtype=np.int32).reshape(n, n_workers)
     order = margin_order(scores)
-    assert sorted(order.tolist()) == list(range(n))
+    assert sorted(order.tolist()) == list(range(n)) and np.array_equal(order, margin_order(scores, threads=3))
     if n_workers > 1:
         top = np.sort(scores, axis=1)
         margins = (top[:, -1] - top[:, -2])[order]
         assert (np.diff(margins) <= 0).all()
+        assert np.array_equal(order, np.argsort(top[:, -2] - top[:, -1], kind="stable"))  # ties: batch order
     capacity = capacities(n, n_workers)
     alloc = laia.allocate_exact(scores=scores, capacity=capacity, seed=seed, iteration=3, order=order)
     assert np.bincount(alloc, minlength=n_workers).tolist() == capacity.tolist()  # each sample once, capacity kept
