@@ -61,7 +61,9 @@ class StopRequest:
         """This rank's request as one int a MAX-allreduce can carry: 0 for none, else signal and rank.
 
         Of several requests the maximum names the lowest rank (of the
-        largest signal number), so a signal to every rank is told as rank 0's.
+        largest signal number) among those that arrived before the workers
+        agreed: a signal to every rank is told as the lowest rank that had
+        handled it by then (rank 0's, unless its handler ran late).
         """
         return 0 if self.signum is None else (self.signum << _RANK_BITS) | (_LAST_RANK - rank)
 
