@@ -2,8 +2,9 @@
 #
 # The scheduler's threads write disjoint parts of the cluster state, except
 # where two workers touch the same row: its holder bits (different bits of
-# one word) and the insert-only hash sets (needs, written rows). Those writes
-# use these GCC builtins; everything a thread alone writes stays plain.
+# one word), the insert-only hash sets (needs, written rows, cost scoring's
+# distinct rows) and the rows' use counts. Those writes use these GCC
+# builtins; everything a thread alone writes stays plain.
 # docs/design.md, section 3 ("Threads").
 from libc.stdint cimport int32_t, int64_t, uint64_t
 
@@ -14,8 +15,6 @@ cdef extern from *:
         return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
     static inline void hybrid_and_u64(uint64_t *p, uint64_t v) { __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
     static inline int64_t hybrid_load_i64(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    static inline int32_t hybrid_load_i32(const int32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    static inline void hybrid_store_i32(int32_t *p, int32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
     static inline void hybrid_store_i64(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
     static inline int hybrid_cas_i64(int64_t *p, int64_t expected, int64_t desired) {
         return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE); }
@@ -28,8 +27,6 @@ cdef extern from *:
     void and_u64 "hybrid_and_u64"(uint64_t* p, uint64_t v) noexcept nogil
     int64_t load_i64 "hybrid_load_i64"(const int64_t* p) noexcept nogil
     void store_i64 "hybrid_store_i64"(int64_t* p, int64_t v) noexcept nogil
-    int32_t load_i32 "hybrid_load_i32"(const int32_t* p) noexcept nogil
-    void store_i32 "hybrid_store_i32"(int32_t* p, int32_t v) noexcept nogil
     bint cas_i64 "hybrid_cas_i64"(int64_t* p, int64_t expected, int64_t desired) noexcept nogil
     int64_t fetch_add_i64 "hybrid_fetch_add_i64"(int64_t* p, int64_t v) noexcept nogil
     int32_t fetch_add_i32 "hybrid_fetch_add_i32"(int32_t* p, int32_t v) noexcept nogil
