@@ -794,6 +794,7 @@ cdef class ClusterState:
         return n
 
     cdef int32_t count_trainers(self, int64_t need) noexcept nogil:
+        """Workers needing row ``need``: counted once all bits are set, so no thread counts while others set."""
         cdef int k
         cdef int32_t count = 0
         for k in range(self.words):
@@ -1160,7 +1161,7 @@ cdef class ClusterState:
                 self.digest_events()
             return self.counts()
         self.set_needs(rows_next, alloc_next)
-        chunks = min(self.chunk_fill.shape[0] - 1, max(1, self.n_pairs // 4096))
+        chunks = min(self.chunk_fill.shape[0] - 1, max(1, self.n_pairs // 256))  # so threads share small batches too
         with nogil:
             for c in prange(chunks, num_threads=self.threads, schedule="static"):
                 self.chunk_fill[c] = self.find_pushes(c * self.n_pairs // chunks, (c + 1) * self.n_pairs // chunks)
