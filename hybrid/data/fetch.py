@@ -47,7 +47,7 @@ RATING_THRESHOLD = 4.0  # label = rating >= 4, as for the other MovieLens files
 # How the wheel is fetched; a list so tests can substitute a command that fails without the network.
 PIP = [sys.executable, "-m", "pip"]
 
-Progress = Callable[[str, int], None]
+Progress = Callable[..., None]  # progress(stage, n, total=None)
 
 
 class FetchError(RuntimeError):
@@ -67,14 +67,14 @@ def fetch_movielens_100k(out: str | Path, cache_dir: str | Path | None = None, f
 
     A store at ``out`` already made from the same ratings file is kept (nothing is
     downloaded) unless ``force``; any other existing ``out`` needs ``force``.
-    ``progress(stage, n)`` reports ``download`` (n=0, a download starts),
-    ``extract`` (n ratings checked), ``keep`` (n samples in the kept store), then
-    preprocessing's ``count`` and ``write`` rows. ``expected_rows`` and
+    ``progress(stage, n, total=None)`` reports ``download`` (n=0, a download
+    starts), ``extract`` (n ratings checked), ``keep`` (n samples in the kept
+    store), then preprocessing's stages (:func:`hybrid.data.preprocess.preprocess`). ``expected_rows`` and
     ``expected_sha256`` pin the file (tests pass small fakes).
     """
     out = Path(out)
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    report = progress or (lambda stage, n: None)
+    report = progress or (lambda stage, n, total=None: None)
     ratings = cache / f"ml-100k-{expected_sha256[:12]}.inter"
 
     if out.exists() and not force:

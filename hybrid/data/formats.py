@@ -9,14 +9,18 @@ wrong`` (:class:`FormatError`).
 from __future__ import annotations
 
 import codecs
+import functools
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+
+from hybrid._ext.text_columns import KINDS, check_column
 
 _HEX = r"^[0-9a-fA-F]+$"
 _INT = r"^-?[0-9]+$"
@@ -173,37 +177,104 @@ def _check_start(path: Path, fmt: Format) -> None:
                               f"found {_shown(fmt.delimiter.join(found), 200)}")
 
 
-def read_batches(path: str | Path, fmt: Format) -> Iterator[pa.RecordBatch]:
-    """Validated string column batches of ``path``, in file order."""
+def split_ranges(path: Path, fmt: Format, part_bytes: int) -> list[tuple[int, int]]:
+    """Byte ranges ``[start, end)`` of about ``part_bytes`` that together cover ``path``, each starting at a
+    line; one range ``(0, -1)`` (the whole file) where ranges cannot be read alone: a compressed file, a
+    delimiter of several characters.
+
+    The ranges depend on the file and ``part_bytes`` only, never on who reads them.
+    """
+    size = path.stat().st_size
+    if path.suffix in _COMPRESSED or len(fmt.delimiter) > 1 or size <= part_bytes:
+        return [(0, -1)]
+    bounds = [0]
+    with open(path, "rb") as f:
+        for cut in range(part_bytes, size, part_bytes):
+            if cut <= bounds[-1]:
+                continue
+            f.seek(cut - 1)
+            while True:  # the next line start at or after ``cut``
+                chunk = f.read(1 << 16)
+                if not chunk:
+                    cut = size
+                    break
+                newline = chunk.find(b"\n")
+                if newline >= 0:
+                    cut = f.tell() - len(chunk) + newline + 1
+                    break
+            if cut < size:
+                bounds.append(cut)
+    bounds.append(size)
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def line_at(path: Path, offset: int) -> int:
+    """The 1-based number of the line starting at byte ``offset`` (counted only when an error needs it)."""
+    lines, done = 1, 0
+    with open(path, "rb") as f:
+        while done < offset:
+            chunk = f.read(min(16 << 20, offset - done))
+            if not chunk:
+                break
+            lines += chunk.count(b"\n")
+            done += len(chunk)
+    return lines
+
+
+def check_file(path: str | Path, fmt: Format) -> None:
+    """What can be said of a whole file before any part of it is read: it exists, is text, has its header."""
+    _check_start(Path(path), fmt)
+
+
+def read_batches(path: str | Path, fmt: Format, start: int = 0, end: int = -1,
+                 bad_lines: Optional[list] = None) -> Iterator[pa.RecordBatch]:
+    """Validated string column batches of ``path`` (bytes ``[start, end)``, ``end`` -1: to the end), in file
+    order. A malformed line raises :class:`FormatError` naming its file and line; with ``bad_lines`` (a list)
+    it is left out and its line number appended instead.
+    """
     path = Path(path)
-    _check_start(path, fmt)
-    header_lines = 1 if fmt.header else 0
-    source: str | io.BytesIO = str(path)
+    if start == 0:
+        _check_start(path, fmt)
+    header_lines = 1 if fmt.header and start == 0 else 0
+    source: str | io.BytesIO | pa.BufferReader = str(path)
     delimiter = fmt.delimiter
     if len(delimiter) > 1:
         # pyarrow splits on one character; the only such format (MovieLens 1M) is small.
         source = io.BytesIO(path.read_bytes().replace(delimiter.encode(), b"\x1f"))
         delimiter = "\x1f"
+    elif start > 0 or end >= 0:
+        mapped = pa.memory_map(str(path))  # the range's buffer keeps the mapping alive
+        mapped.seek(start)
+        source = pa.BufferReader(mapped.read_buffer((end if end >= 0 else mapped.size()) - start))
+    first_line = functools.cache(lambda: line_at(path, start))  # of the range: counted only if needed
 
     bad_rows = []
+    parser_skipped: list[int] = []  # lines of the range the parser left out (wrong column count), in order
 
     def on_invalid(row) -> str:
+        if bad_lines is not None:
+            parser_skipped.append(row.number)
+            return "skip"
         bad_rows.append(row)
         return "error"
 
     def malformed(err: pa.ArrowInvalid) -> FormatError:
         if bad_rows:
             row = bad_rows[0]
-            return FormatError(f"{path}:{row.number}: expected {row.expected_columns} columns, "
-                               f"found {row.actual_columns}: {_shown(row.text, 200)}")
+            return FormatError(f"{path}:{first_line() - 1 + row.number}: expected {row.expected_columns} "
+                               f"columns, found {row.actual_columns}: {_shown(row.text, 200)}")
         return FormatError(f"{path}: {err}")
 
     def unreadable(err: OSError) -> FormatError:
         """E.g. a .gz cut short by an interrupted download."""
-        return FormatError(f"{path}: cannot be read past line {lines_before}: {err} (a truncated or damaged "
-                           f"file? fetch it again)")
+        return FormatError(f"{path}: cannot be read past line {first_line() - 1 + header_lines + rows_before}: "
+                           f"{err} (a truncated or damaged file? fetch it again)")
 
-    lines_before = header_lines
+    def lines_of(rows: np.ndarray) -> np.ndarray:
+        """The file's 1-based line numbers of the range's data rows ``rows`` (past the lines left out)."""
+        return first_line() - 1 + _stream_lines(rows, np.asarray(parser_skipped, dtype=np.int64), header_lines)
+
+    rows_before = 0
     try:
         # The reader parses its first block when it opens, so that can fail too.
         reader = pacsv.open_csv(
@@ -212,7 +283,7 @@ def read_batches(path: str | Path, fmt: Format) -> Iterator[pa.RecordBatch]:
                                            use_threads=False, block_size=BLOCK_BYTES),
             parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char=False, ignore_empty_lines=False,
                                              invalid_row_handler=on_invalid),
-            convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in fmt.columns},
+            convert_options=pacsv.ConvertOptions(column_types=column_types(fmt),
                                                  strings_can_be_null=False, quoted_strings_can_be_null=False),
         )
     except pa.ArrowInvalid as err:
@@ -228,41 +299,146 @@ def read_batches(path: str | Path, fmt: Format) -> Iterator[pa.RecordBatch]:
             raise malformed(err) from None
         except OSError as err:
             raise unreadable(err) from None
-        _validate(batch, fmt, path, lines_before)
-        lines_before += batch.num_rows
-        yield batch
-    if lines_before == header_lines:
+        first = rows_before
+        batch_out = _validate(batch, fmt, path, lambda rows: lines_of(first + rows), bad_lines)
+        rows_before += batch.num_rows
+        yield batch_out
+    if bad_lines is not None:
+        bad_lines.extend(first_line() - 1 + number for number in parser_skipped)
+    if rows_before == 0 and start == 0 and not parser_skipped:
         raise FormatError(f"{path}: no data lines")
 
 
-def _validate(batch: pa.RecordBatch, fmt: Format, path: Path, lines_before: int) -> None:
+def _stream_lines(rows: np.ndarray, skipped: np.ndarray, header: int) -> np.ndarray:
+    """Line numbers (1-based, in the stream) of data rows ``rows`` when the lines ``skipped`` (sorted) are
+    not rows: the smallest fixed point of ``line = header + row + 1 + |skipped <= line|``."""
+    rows = np.asarray(rows, dtype=np.int64)
+    lines = header + rows + 1
+    while True:
+        moved = header + rows + 1 + np.searchsorted(skipped, lines, side="right")
+        if np.array_equal(moved, lines):
+            return lines
+        lines = moved
+
+
+# patterns a kernel checks (hybrid._ext.text_columns) as exactly as the regular expression
+_KERNEL_KINDS = {r"^[01]$": "bit", _UINT: "uint", _INT: "int", _HEX: "hex"}
+
+
+def kernel_kind(pattern: str, fmt: Format, may_be_missing: bool) -> Optional[str]:
+    """The kernel that checks ``pattern``, or None (a regular expression checks it): a missing value other
+    than the empty string is the regular expression's to allow."""
+    if may_be_missing and set(fmt.missing) != {""}:
+        return None
+    return _KERNEL_KINDS.get(pattern)
+
+
+def text_array(values: Sequence[str], type_: pa.DataType = pa.string()) -> pa.Array:
+    """``values`` as an Arrow string (or binary) array, built from buffers: ``pa.array`` would import pandas,
+    a fifth of a second in every worker process."""
+    data = [v.encode() for v in values]
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in data])])
+    wide = type_ in (pa.large_string(), pa.large_binary())
+    return pa.Array.from_buffers(type_, len(data), [None, pa.py_buffer(offsets.astype(np.int64 if wide else np.int32)),
+                                                   pa.py_buffer(b"".join(data))])
+
+
+def from_numbers(values: np.ndarray) -> pa.Array:
+    """A 1-D NumPy array of numbers as an Arrow array, sharing its memory (``pa.array`` would import pandas)."""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+
+
+def numbers(array: pa.Array) -> np.ndarray:
+    """A primitive Arrow array without nulls in NumPy, without a copy (``to_numpy`` would import pandas);
+    booleans come out as bools, one byte each."""
+    if array.null_count:
+        raise ValueError("an array with nulls has no plain NumPy view")
+    if array.type == pa.bool_():
+        return np.unpackbits(np.frombuffer(array.buffers()[1], np.uint8), count=array.offset + len(array),
+                             bitorder="little")[array.offset:].astype(bool)
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    return np.frombuffer(array.buffers()[1], dtype)[array.offset:array.offset + len(array)]
+
+
+def string_buffers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The int32 offsets (one per value, plus one) and the bytes of a string column, without copies."""
+    _, offsets, data = column.buffers()
+    offsets = np.frombuffer(offsets, dtype=np.int32)[column.offset:column.offset + len(column) + 1]
+    return offsets, (np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8))
+
+
+def _checks(fmt: Format) -> list[tuple[str, str, bool]]:
+    """(column, pattern, may be missing), in the order a line's columns are reported."""
     checks = [(fmt.label, fmt.label_pattern, False)]
     checks += [(c, fmt.dense_pattern, True) for c in fmt.dense]
     if fmt.sparse_pattern:
         checks += [(c, fmt.sparse_pattern, True) for c in fmt.sparse]
     if fmt.time_column:
         checks.append((fmt.time_column, _UINT, False))
-    missing = pa.array(fmt.missing, pa.string())
-    for column, pattern, may_be_missing in checks:
-        values = batch.column(column)
-        ok = pc.match_substring_regex(values, pattern)
-        if may_be_missing:
-            ok = pc.or_(ok, pc.is_in(values, value_set=missing))
-        if not pc.all(ok).as_py():
-            index = pc.index(ok, False).as_py()
-            value = values[index].as_py()
-            what = "empty line" if _is_empty_row(batch, index) else f"column {column}: invalid value {_shown(value)}"
-            if lines_before + index == 0 and not fmt.header and _is_words(batch, 0):
-                what += (f" (a header line? {fmt.name} files have none: remove it, e.g. with "
-                         f"'tail -n +2 {path.name} > {path.stem}-noheader{path.suffix}')")
-            raise FormatError(f"{path}:{lines_before + index + 1}: {what}")
+    return sorted(checks, key=lambda check: fmt.columns.index(check[0]))
+
+
+def _valid(batch: pa.RecordBatch, fmt: Format, column: str, pattern: str, may_be_missing: bool,
+           every: bool) -> tuple[int, Optional[np.ndarray]]:
+    """The first invalid row of ``column`` (-1: none) and, if ``every``, each row's validity."""
+    values = batch.column(column)
+    kind = kernel_kind(pattern, fmt, may_be_missing)
+    if kind is not None:
+        ok = np.empty(len(values), dtype=np.uint8) if every else None
+        first = check_column(*string_buffers(values), KINDS[kind], may_be_missing, ok)
+        return first, None if ok is None else ok.view(bool)
+    matched = pc.match_substring_regex(values, pattern)
+    if may_be_missing:
+        matched = pc.or_(matched, pc.is_in(values, value_set=text_array(fmt.missing, values.type)))
+    if pc.all(matched).as_py():
+        return -1, np.ones(len(values), dtype=bool) if every else None
+    return pc.index(matched, False).as_py(), numbers(matched) if every else None
+
+
+def _validate(batch: pa.RecordBatch, fmt: Format, path: Path, lines_of: Callable[[np.ndarray], np.ndarray],
+              bad_lines: Optional[list]) -> pa.RecordBatch:
+    """``batch`` if every value matches its column's pattern; else the error of the first bad line, or (with
+    ``bad_lines``) the batch without its bad lines, their numbers appended. ``lines_of(rows)``: the file's
+    line numbers of the batch's rows."""
+    found = [(_valid(batch, fmt, column, pattern, missing, bad_lines is not None), column)
+             for column, pattern, missing in _checks(fmt)]
+    bad = [(first, column) for (first, _), column in found if first >= 0]
+    if not bad:
+        return batch
+    if bad_lines is not None:
+        keep = np.logical_and.reduce([ok for (_, ok), _ in found])
+        bad_lines.extend(int(line) for line in lines_of(np.flatnonzero(~keep)))
+        return batch.filter(pa.BooleanArray.from_buffers(
+            pa.bool_(), len(keep), [None, pa.py_buffer(np.packbits(keep, bitorder="little"))]))
+    index, column = min(bad, key=lambda b: (b[0], fmt.columns.index(b[1])))
+    value = _field(batch, column, index)
+    line = int(lines_of(np.array([index]))[0])
+    what = "empty line" if _is_empty_row(batch, index) else f"column {column}: invalid value {_shown(value)}"
+    if line == 1 and not fmt.header and _is_words(batch, 0):
+        what += (f" (a header line? {fmt.name} files have none: remove it, e.g. with "
+                 f"'tail -n +2 {path.name} > {path.stem}-noheader{path.suffix}')")
+    raise FormatError(f"{path}:{line}: {what}")
+
+
+def column_types(fmt: Format) -> dict[str, pa.DataType]:
+    """Bytes for the columns a kernel checks (their languages are ASCII, so the parser's UTF-8 check would
+    be a second pass for nothing), text for the others."""
+    binary = {column for column, pattern, missing in _checks(fmt) if kernel_kind(pattern, fmt, missing)}
+    return {c: pa.binary() if c in binary else pa.string() for c in fmt.columns}
+
+
+def _field(batch: pa.RecordBatch, column: int | str, index: int) -> str:
+    """One value as text, whether its column was read as bytes or as text."""
+    value = batch.column(column)[index].as_py()
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else (value or "")
 
 
 def _is_words(batch: pa.RecordBatch, index: int) -> bool:
     """Whether row ``index`` holds only names (a header), not the numbers and hashes of data lines."""
-    fields = [batch.column(i)[index].as_py() for i in range(batch.num_columns)]
+    fields = [_field(batch, i, index) for i in range(batch.num_columns)]
     return all(f and f[0].isalpha() and f.replace("_", "").isalnum() for f in fields)
 
 
 def _is_empty_row(batch: pa.RecordBatch, index: int) -> bool:
-    return all(batch.column(i)[index].as_py() in ("", None) for i in range(batch.num_columns))
+    return all(_field(batch, i, index) == "" for i in range(batch.num_columns))

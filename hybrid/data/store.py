@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -114,14 +115,52 @@ class StoreWriter:
             self._hashers[name].update(np.ascontiguousarray(getattr(self, name)[rows]).tobytes())
         self._filled += k
 
-    def commit(self, cardinalities: Sequence[int]) -> dict:
-        """Check completeness, write meta.json and move the store into place."""
+    def adopt_written(self) -> None:
+        """Every row was written into the arrays' files by other processes: checksum them, each array on a
+        thread of its own, while one more thread puts them on disk (reading, hashing and syncing release
+        the GIL; :meth:`commit` then finds nothing left to write)."""
+        def checksum(name: str) -> None:
+            """Read, not mapped: a mapping would count every page read in this process's resident memory."""
+            array = getattr(self, name)
+            at, end = array.offset, array.offset + array.nbytes
+            buffer = memoryview(bytearray(16 << 20))
+            with open(self.tmp_dir / f"{name}.npy", "rb", buffering=0) as f:
+                f.seek(at)
+                while at < end:
+                    got = f.readinto(buffer[:min(len(buffer), end - at)])
+                    if not got:
+                        raise StoreError(f"{self.tmp_dir / name}.npy is shorter than its {len(array)} rows")
+                    self._hashers[name].update(buffer[:got])
+                    at += got
+
+        def sync() -> None:
+            for name in _ARRAYS:
+                fd = os.open(self.tmp_dir / f"{name}.npy", os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+
+        if self._filled:
+            raise StoreError(f"{self._filled} rows were appended: a store is written by append or by others")
+        with ThreadPoolExecutor(len(_ARRAYS) + 1) as threads:
+            done = [threads.submit(checksum, name) for name in _ARRAYS] + [threads.submit(sync)]
+            for future in done:
+                future.result()
+        self._filled = self.n_samples
+
+    def commit(self, cardinalities: Sequence[int], id_range: Optional[tuple] = None) -> dict:
+        """Check completeness, write meta.json and move the store into place.
+
+        ``id_range``: each table's lowest and highest id, if the processes
+        that wrote the rows found them (else they are read here).
+        """
         if self._filled != self.n_samples:
             raise StoreError(f"store incomplete: {self._filled} of {self.n_samples} samples written")
         cardinalities = [int(c) for c in cardinalities]
         if len(cardinalities) != len(self.table_names):
             raise ValueError(f"expected {len(self.table_names)} cardinalities, got {len(cardinalities)}")
-        self._check_ids(cardinalities)
+        self._check_ids(cardinalities, id_range)
         for name in _ARRAYS:
             getattr(self, name).flush()
         meta = {
@@ -145,11 +184,11 @@ class StoreWriter:
             self.tmp_dir.rename(self.out_dir)
         return meta
 
-    def _check_ids(self, cardinalities: Sequence[int]) -> None:
+    def _check_ids(self, cardinalities: Sequence[int], id_range: Optional[tuple]) -> None:
         """Every id must index its table: a bad id would crash a PS much later."""
         if not self.table_names:
             return
-        lowest, highest = self.sparse.min(axis=0), self.sparse.max(axis=0)
+        lowest, highest = id_range if id_range is not None else (self.sparse.min(axis=0), self.sparse.max(axis=0))
         for name, low, high, card in zip(self.table_names, lowest, highest, cardinalities):
             if low < 0 or high >= card:
                 raise StoreError(f"table {name}: ids span [{low}, {high}], outside [0, {card})")

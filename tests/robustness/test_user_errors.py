@@ -151,7 +151,7 @@ PREPROCESS = {
     "huge-field.txt": ("criteo", "... (1000000 characters)"),
     "movielens-text.data": ("movielens", "movielens-text.data:2: column item: invalid value 'abc'"),
     "crlf-no-final-newline.txt": ("avazu", "expected the header 'id,click,hour,"),
-    "movielens-header.data": ("movielens", "movielens-header.data:1: column rating: invalid value 'rating' (a header "
+    "movielens-header.data": ("movielens", "movielens-header.data:1: column user: invalid value 'user_id' (a header "
                                            "line? movielens files have none: remove it"),
 }
 

@@ -58,7 +58,7 @@ def _users(store_dir):
 def test_extracts_the_ratings_and_makes_a_time_ordered_store(tmp_path):
     _wheel(tmp_path / "cache")
     stages = []
-    meta = _fetch(tmp_path, progress=lambda stage, n: stages.append(stage))
+    meta = _fetch(tmp_path, progress=lambda stage, n, total=None: stages.append(stage))
     assert meta["n_samples"] == 5 and meta["table_names"] == ["user_id", "item_id"]
     assert meta["cardinalities"] == [2 + 3, 2 + 3]
     extracted = tmp_path / "cache" / f"ml-100k-{_sha(TEXT)[:12]}.inter"
@@ -66,7 +66,7 @@ def test_extracts_the_ratings_and_makes_a_time_ordered_store(tmp_path):
     assert meta["source"]["files"] == [str(extracted.resolve())] and meta["source"]["time_ordered"]
     assert _users(tmp_path / "store") == ["2", "3", "1", "1", "2"]  # t = 100, 100, 200, 300, 400
     assert list(BatchStore(tmp_path / "store").labels()) == [0.0, 0.0, 1.0, 1.0, 1.0]  # rating >= 4
-    assert "download" not in stages and {"extract", "count", "write"} <= set(stages)
+    assert "download" not in stages and {"extract", "scan", "vocabulary", "write"} <= set(stages)
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([extracted.name, WHEEL_NAME])
 
 
@@ -76,7 +76,7 @@ def test_an_existing_store_from_the_same_file_is_kept_without_the_cache(tmp_path
     for path in (tmp_path / "cache").iterdir():
         path.unlink()  # a second fetch must not need the wheel, the ratings or the network
     stages = []
-    assert _fetch(tmp_path, progress=lambda stage, n: stages.append(stage)) == first
+    assert _fetch(tmp_path, progress=lambda stage, n, total=None: stages.append(stage)) == first
     assert stages == ["keep"]
     with pytest.raises(FetchError, match="could not download"):
         _fetch(tmp_path, force=True)  # --force rebuilds, so it needs the data again
