@@ -5,7 +5,8 @@ or paper runs them all) write JSON under ``--out``; ``report`` and ``all``
 rewrite the results section of a page (docs/results.md) from it. ``e2e``
 runs training across emulated hosts (root), ``sharding`` and ``ps`` run under
 mpirun, ``train`` times ``hybrid train`` itself and ``launch`` the same
-training through every launch path the machine has.
+training through every launch path the machine has; ``preprocess`` times
+``hybrid preprocess`` against pyarrow's floor and across processes.
 """
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ def cmd_bench(args) -> int:
         return cmd_bench_train(args)
     if args.name == "launch":
         return cmd_bench_launch(args)
+    if args.name == "preprocess":
+        return cmd_bench_preprocess(args)
     return cmd_bench_ps(args)
 
 
@@ -199,6 +202,19 @@ def cmd_bench_launch(args) -> int:
     return 0
 
 
+def cmd_bench_preprocess(args) -> int:
+    """``hybrid bench preprocess``: the converter against pyarrow's floor and across processes, in one run."""
+    from hybrid.bench import preprocess_bench, result_files
+
+    kwargs = {"lines": args.lines, "processes": args.processes, "repeats": args.repeats,
+              "data_dir": args.data_dir, "say": say}
+    document = result_files.run_suite(preprocess_bench, kwargs, out=Path(args.out),
+                                      command=result_files.command_line(args.argv), say=_show(args))
+    if args.json:
+        print(json.dumps(document))
+    return 0
+
+
 def cmd_bench_ps(args) -> int:
     """``hybrid bench ps`` (under mpirun -n 2): the store's transports timed; only the worker rank reports."""
     from hybrid.runtime import launch_facts
@@ -218,9 +234,9 @@ def register(subparsers) -> None:
     """Add ``bench``: one parser for every benchmark, each option saying which ones read it."""
     p = subparsers.add_parser("bench", help="benchmarks: the paper's suites (transmissions, cache-size, scale, "
                                             "quality, scheduler; all; report), ps (under mpirun -n 2), sharding "
-                                            "(under mpirun -n 5), train, e2e (root), launch")
+                                            "(under mpirun -n 5), train, e2e (root), launch, preprocess")
     p.add_argument("name", choices=["transmissions", "cache-size", "scale", "quality", "scheduler", "report", "all",
-                                    "paper", "ps", "sharding", "train", "e2e", "launch"])
+                                    "paper", "ps", "sharding", "train", "e2e", "launch", "preprocess"])
     p.add_argument("--workers", type=_int_list, default=None,
                    help="scheduler, scale: worker counts (default 8,16,32,64,128); quality: 2,3,4,5,6")
     p.add_argument("--threads", type=_int_list, default=(1, 2))
@@ -251,8 +267,8 @@ def register(subparsers) -> None:
                    help="train, e2e (default vanilla,herald), transmissions, cache-size (default: the suite's "
                         "cases): cases to compare, each MODE[+KEY=VALUE...], the baseline first")
     p.add_argument("--repeats", type=int, default=3,
-                   help="train, e2e, launch, scheduler: runs per case, alternating (median reported); the counting "
-                        "suites are deterministic and run once")
+                   help="train, e2e, launch, scheduler, preprocess: runs per case, alternating (median reported); "
+                        "the counting suites are deterministic and run once")
     p.add_argument("--full-rows", type=int, default=2_000_000, help="train: samples of the full-size store")
     p.add_argument("--bandwidth", type=_bandwidth, default="1gbit",
                    help="e2e: link rate as tc writes it, or none for unshaped (default: %(default)s)")
@@ -269,8 +285,15 @@ def register(subparsers) -> None:
                                                     "neuroshard)")
     p.add_argument("--paths", default=None,
                    help="launch: the launch paths to run, comma-separated (default: every one this machine has)")
+    p.add_argument("--lines", type=_int_list, default=(1_000_000, 4_000_000),
+                   help="preprocess: lines of each Criteo-format input (default 1000000,4000000)")
+    p.add_argument("--processes", type=_int_list, default=(1, 2),
+                   help="preprocess: process counts to time, 1 included (default 1,2)")
+    p.add_argument("--data-dir", default=None,
+                   help="preprocess: where the inputs are written once and reused (default: "
+                        "$TMPDIR/hybrid-bench-preprocess)")
     p.add_argument("--out", default="results",
-                   help="e2e and the paper suites: where the JSON and PNG go (default: %(default)s)")
+                   help="e2e, preprocess and the paper suites: where the JSON and PNG go (default: %(default)s)")
     p.add_argument("--json", action="store_true",
                    help="print only the result as JSON on stdout (the tables and progress go to stderr)")
     p.add_argument("overrides", nargs="*",

@@ -152,6 +152,25 @@ def test_scheduler_bench_reports_every_stage_as_medians(capsys, tmp_path):
         assert row["memory_mb"] > 0 and row["bytes_per_slot"] > 4 and row["memory_mb"] == one["memory_mb"]
 
 
+def test_preprocess_bench_times_the_floor_and_each_process_count_on_one_input(capsys, tmp_path):
+    assert main(["bench", "preprocess", "--lines", "3000", "--processes", "1,2", "--repeats", "2",
+                 "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document == json.loads((tmp_path / "preprocess.json").read_text())
+    assert _is_png(tmp_path / "preprocess.png")
+    rows = document["result"]["rows"]
+    assert [(r["case"], r["processes"]) for r in rows] == [("floor", 0), ("ours", 1), ("ours", 2)]
+    floor, one, two = rows
+    for row in rows:
+        assert row["lines"] == 3000 and len(row["seconds_runs"]) == 2 and row["peak_mb"] > 0
+        ratios = sorted(r / f for r, f in zip(row["seconds_runs"], floor["seconds_runs"]))
+        assert row["of_floor"] == pytest.approx(sum(ratios) / 2, abs=2e-3)
+    assert one["of_one_process"] == 1.0 and two["same_store"] and one["same_store"]
+    assert set(two["stages"]) == {"scan", "vocabulary", "write", "commit"}
+    assert document["result"]["criteo_1tb_hours"] > 0
+    assert (tmp_path / "data" / "criteo-3000.tsv").is_file() and not list((tmp_path / "data").glob("store-*"))
+
+
 def test_quality_is_brute_force_over_policy_transmissions_after_the_warm_up():
     result = quality_bench.run(workers=(2, 3), iterations=8, warmup=2)
     assert [p["workers"] for p in result["points"]] == [2, 3]
