@@ -2,7 +2,8 @@
 # The sbatch templates, for real, under a one-node Slurm on this machine
 # (launch/slurm/local_slurm.sh: Debian's slurm-wlm and munge, installed if missing).
 #
-# Each template trains a small W1 smoke run with `sbatch --wait`; then each is stopped
+# preprocess.sbatch converts a Criteo-format file on 3 ranks into the store one process writes.
+# Each training template trains a small W1 smoke run with `sbatch --wait`; then each is stopped
 # mid-run by a SIGTERM the way a time limit or a preemption sends it (single-node: to the
 # batch shell, as --signal=B:TERM does; train.sbatch: to the ranks, as --signal=TERM does).
 # The job must checkpoint, exit 0, requeue itself, and its second run must resume from the
@@ -84,6 +85,26 @@ print(f"ok: stopped after {first['iterations']} iterations ({first['stopped_by']
 PY
 }
 
+# preprocess.sbatch: 3 ranks share the parts of a Criteo-format file; the store is the one-process one.
+preprocess_on_ranks() {
+    local status=0
+    echo "== preprocess.sbatch: 3 ranks"
+    python -c "from hybrid.data.criteo_text import write_criteo_text; write_criteo_text('$work/day_0', lines=20000)"
+    hybrid preprocess --format criteo --processes 1 --out "$work/pp-one" "$work/day_0" > /dev/null 2>&1
+    timeout "$WAIT" sbatch --wait --parsable --ntasks=3 -o "$work/pp.out" launch/slurm/preprocess.sbatch \
+        --format criteo --part-mb 0.5 --out "$work/pp-slurm" "$work/day_0" > "$work/pp.id" || status=$?
+    jobs_run+=("$(cat "$work/pp.id")")
+    [ "$status" -eq 0 ] || fail "preprocess.sbatch exited $status"
+    grep -q "preprocessed 20000 lines in .* on 3 ranks" "$work/pp.out" || fail "preprocess.sbatch did not run on 3 ranks"
+    python - "$work/pp-one" "$work/pp-slurm" <<'PY' || fail "preprocess.sbatch wrote another store"
+import json, sys
+one, slurm = (json.load(open(f"{p}/meta.json"))["fingerprint"] for p in sys.argv[1:3])
+assert one == slurm, (one, slurm)
+print(f"ok: preprocess.sbatch on 3 ranks wrote the one-process store (fingerprint {one})")
+PY
+}
+
+preprocess_on_ranks
 submit_and_wait single single-node.sbatch 30 "mpirun via single-node.sbatch"
 submit_and_wait srun train.sbatch 30 "srun via train.sbatch"
 preempt_and_resume single-preempted single-node.sbatch -b SIGUSR1
