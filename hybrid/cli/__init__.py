@@ -54,8 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
 _STORE_WRITERS = ("synth", "preprocess", "fetch")
 
 
+_MAIN_PID = os.getpid()
+
+
 def _interrupt(signum, frame):
-    """SIGTERM as KeyboardInterrupt: a store writer cleans up the same way whichever stopped it."""
+    """SIGTERM as KeyboardInterrupt: a store writer cleans up the same way whichever stopped it.
+
+    A process the command forked (``hybrid preprocess``'s workers) inherits
+    this handler; it ends at once instead, silently: the command's own
+    process stops it and reports.
+    """
+    if os.getpid() != _MAIN_PID:
+        os._exit(128 + signum)
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
@@ -80,6 +90,8 @@ def main(argv=None) -> int:
         return args.func(args)
     except KeyboardInterrupt as err:
         left = "; no partial store was left behind" if args.command in _STORE_WRITERS else ""
+        if args.command == "preprocess":
+            left += " (the parts it finished stay for the next run to take up)"
         print(f"hybrid {args.command}: interrupted ({str(err) or 'Ctrl-C'}){left}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader (e.g. `| head`) went away: not our error

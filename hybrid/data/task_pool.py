@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import signal
 from typing import Callable, Sequence
 
 
@@ -21,6 +22,13 @@ def usable_cores() -> int:
 
 def _indexed(fn: Callable, item: tuple) -> tuple:
     return item[0], fn(item[1])
+
+
+def _quiet_worker() -> None:
+    """A worker leaves Ctrl-C to the parent, which stops it, and dies of SIGTERM without a traceback: a
+    preemption or ``kill`` signals every process of the job, and only the parent has anything to say."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class TaskPool:
@@ -47,7 +55,7 @@ class TaskPool:
                 done(i, results[i])
             return results
         if self._workers is None:
-            self._workers = multiprocessing.get_context("fork").Pool(self.processes)
+            self._workers = multiprocessing.get_context("fork").Pool(self.processes, initializer=_quiet_worker)
         for i, result in self._workers.imap_unordered(functools.partial(_indexed, fn), enumerate(tasks)):
             results[i] = result
             done(i, result)

@@ -88,6 +88,22 @@ def test_several_files_keep_their_order_across_parts(criteo_file, tmp_path):
     assert meta["fingerprint"] == whole["fingerprint"]
 
 
+def test_a_header_is_read_once_and_text_columns_stay_text_across_parts(tmp_path):
+    """Avazu: its header line heads the first part only; its columns are free text (a regex checks none)."""
+    header = ("id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,app_category,"
+              "device_id,device_ip,device_model,device_type,device_conn_type,C14,C15,C16,C17,C18,C19,C20,C21")
+    rng = np.random.default_rng(1)
+    rows = [",".join([str(k), str(k % 2)] + [f"v{rng.integers(0, 40)}\u00e9" for _ in range(22)]) for k in range(2000)]
+    (tmp_path / "train.csv").write_text(header + "\n" + "\n".join(rows) + "\n")
+    with TaskPool(3) as pool:
+        meta = preprocess([tmp_path / "train.csv"], tmp_path / "s", format_name="avazu", pool=pool, part_bytes=9000)
+    assert meta["n_samples"] == 2000
+    assert meta["fingerprint"] == preprocess([tmp_path / "train.csv"], tmp_path / "one",
+                                             format_name="avazu")["fingerprint"]
+    site = read_vocabulary(tmp_path / "s", "site_id")
+    assert [site[i] for i in BatchStore(tmp_path / "s").sparse()[:, 3]] == [r.split(",")[5] for r in rows]
+
+
 def test_time_order_spans_parts_and_processes(tmp_path):
     """MovieLens rows sorted by timestamp (ties in file order) whichever part and process read them."""
     rng = np.random.default_rng(0)
@@ -140,8 +156,8 @@ def test_a_changed_input_is_scanned_again(criteo_file, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         preprocess([data], tmp_path / "s", format_name="criteo", part_bytes=40_000)
     monkeypatch.undo()
-    lines = data.read_text().splitlines(keepends=True)
-    data.write_text("".join(lines[1:] + lines[:1]))  # same size, other content and time
+    text = data.read_text()
+    data.write_text(("1" if text[0] == "0" else "0") + text[1:])  # same size and lines, another label and time
     facts = {}
     meta = preprocess([data], tmp_path / "s", format_name="criteo", part_bytes=40_000, facts=facts)
     assert facts["resumed_parts"] == 0
