@@ -164,23 +164,33 @@ def test_a_changed_input_is_scanned_again(criteo_file, tmp_path, monkeypatch):
     assert meta["fingerprint"] == preprocess([data], tmp_path / "fresh", format_name="criteo")["fingerprint"]
 
 
-def test_a_killed_cli_run_resumes(criteo_file, tmp_path):
-    """SIGKILL in the middle of the scan (no handler runs); the rerun takes up the parts on disk."""
+@pytest.mark.parametrize("stop", ["SIGKILL to the command", "SIGTERM to every process"])
+def test_a_stopped_cli_run_resumes(criteo_file, tmp_path, stop):
+    """Stopped in the middle of the scan: killed (no handler runs), or terminated as a preemption terminates
+    every process of a job (the workers die quietly, the command reports once); the rerun takes up the
+    parts on disk."""
     big = tmp_path / "day_0"
     with open(big, "wb") as f:
         for _ in range(12):
             f.write(criteo_file.read_bytes())
     out = tmp_path / "s"
-    command = [sys.executable, "-m", "hybrid", "preprocess", "--format", "criteo", "--processes", "1",
+    command = [sys.executable, "-m", "hybrid", "preprocess", "--format", "criteo", "--processes", "2",
                "--part-mb", "0.05", "--out", str(out), str(big)]
-    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
     deadline = time.monotonic() + 60
     while len(list(work_dir(out).glob("part-*"))) < 3 and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
-    run.send_signal(signal.SIGKILL)
-    run.wait()
+    if stop.startswith("SIGKILL"):
+        run.send_signal(signal.SIGKILL)
+    else:
+        os.killpg(run.pid, signal.SIGTERM)
+    stderr = run.communicate(timeout=60)[1]
     finished = len(list(work_dir(out).glob("part-*")))
-    assert finished >= 3 and not out.exists(), "the run ended before it could be killed mid-scan"
+    assert finished >= 3 and not out.exists(), "the run ended before it could be stopped mid-scan"
+    if stop.startswith("SIGTERM"):
+        assert run.returncode == 130 and "Traceback" not in stderr, stderr
+        assert stderr.count("interrupted (SIGTERM)") == 1 and "the parts it finished stay" in stderr
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"resumed: {finished} of " in done.stderr
