@@ -148,9 +148,9 @@ def format_table(result: dict) -> str:
     for r in result["rows"]:
         case = "floor" if r["case"] == "floor" else f"{r['processes']} processes"
         stages = "/".join(f"{v:.2f}" for v in r["stages"].values()) if "stages" in r else "pyarrow"
+        of_one = f"{r['of_one_process']:.2f}" if "of_one_process" in r else "-"
         lines.append(f"{r['lines']:>9}{r['file_mb']:>6.0f}  {case:<13}{r['seconds']:>8.2f}{r['lines_per_s']:>10}"
-                     f"{r['of_floor']:>9.2f}{r.get('of_one_process', float('nan')):>10.2f}{r['peak_mb']:>9.0f}  "
-                     f"{stages}")
+                     f"{r['of_floor']:>9.2f}{of_one:>10}{r['peak_mb']:>9.0f}  {stages}")
     same = all(r.get("same_store", True) for r in result["rows"])
     return ("\n".join(lines) + f"\nthe same store at every process count: {'yes' if same else 'NO'}"
             f"\nCriteo 1TB ({CRITEO_1TB_LINES:,} lines) at the best rate ({result['criteo_1tb_from']}): "
