@@ -39,6 +39,14 @@ def repeats_note(kwargs: dict) -> str:
     return f"{kwargs.get('repeats', 1)} runs per case, alternating, each in a fresh process; seconds the median"
 
 
+def process_counts() -> tuple[int, ...]:
+    """1, 2, 4, ... up to this process's usable cores, and the cores themselves."""
+    from hybrid.data.task_pool import usable_cores
+
+    cores = usable_cores()
+    return tuple(sorted({1 << k for k in range(cores.bit_length()) if 1 << k <= cores} | {cores}))
+
+
 def input_file(data_dir: Path, lines: int, say) -> Path:
     """The Criteo-format file of ``lines`` lines, written once."""
     from hybrid.data.criteo_text import write_criteo_text

@@ -206,7 +206,8 @@ def cmd_bench_preprocess(args) -> int:
     """``hybrid bench preprocess``: the converter against pyarrow's floor and across processes, in one run."""
     from hybrid.bench import preprocess_bench, result_files
 
-    kwargs = {"lines": args.lines, "processes": args.processes, "repeats": args.repeats,
+    kwargs = {"lines": args.lines, "processes": args.processes or preprocess_bench.process_counts(),
+              "repeats": args.repeats,
               "data_dir": args.data_dir, "say": say}
     document = result_files.run_suite(preprocess_bench, kwargs, out=Path(args.out),
                                       command=result_files.command_line(args.argv), say=_show(args))
@@ -287,8 +288,9 @@ def register(subparsers) -> None:
                    help="launch: the launch paths to run, comma-separated (default: every one this machine has)")
     p.add_argument("--lines", type=_int_list, default=(1_000_000, 4_000_000),
                    help="preprocess: lines of each Criteo-format input (default 1000000,4000000)")
-    p.add_argument("--processes", type=_int_list, default=(1, 2),
-                   help="preprocess: process counts to time, 1 included (default 1,2)")
+    p.add_argument("--processes", type=_int_list, default=None,
+                   help="preprocess: process counts to time, 1 included (default 1, 2, 4, ... up to the usable "
+                        "cores, and the cores)")
     p.add_argument("--data-dir", default=None,
                    help="preprocess: where the inputs are written once and reused (default: "
                         "$TMPDIR/hybrid-bench-preprocess)")

@@ -171,6 +171,14 @@ def test_preprocess_bench_times_the_floor_and_each_process_count_on_one_input(ca
     assert (tmp_path / "data" / "criteo-3000.tsv").is_file() and not list((tmp_path / "data").glob("store-*"))
 
 
+@pytest.mark.parametrize("cores, counts", [(1, (1,)), (2, (1, 2)), (12, (1, 2, 4, 8, 12)), (16, (1, 2, 4, 8, 16))])
+def test_preprocess_bench_times_powers_of_two_up_to_the_cores(monkeypatch, cores, counts):
+    from hybrid.bench import preprocess_bench
+
+    monkeypatch.setattr("hybrid.data.task_pool.usable_cores", lambda: cores)
+    assert preprocess_bench.process_counts() == counts
+
+
 def test_quality_is_brute_force_over_policy_transmissions_after_the_warm_up():
     result = quality_bench.run(workers=(2, 3), iterations=8, warmup=2)
     assert [p["workers"] for p in result["points"]] == [2, 3]
