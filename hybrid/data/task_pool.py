@@ -96,9 +96,11 @@ class TaskPool:
                 try:
                     ok, value = connection.recv()
                 except EOFError:
+                    self.stop()
                     raise WorkerDied(f"a worker process died running task {i} of {len(tasks)} ({fn.__name__}); "
                                      f"was it killed, or out of memory?") from None
                 if not ok:
+                    self.stop()  # the others' replies to this map must not reach the next one
                     raise value
                 results[i] = value
                 done(i, value)

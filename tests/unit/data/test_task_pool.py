@@ -35,10 +35,11 @@ def test_results_come_in_task_order_and_each_is_reported_once(processes):
 
 
 @pytest.mark.parametrize("processes", [1, 3])
-def test_a_task_error_is_raised_in_the_caller(processes):
-    with pytest.raises(ValueError, match="seven is bad"):
-        with TaskPool(processes) as pool:
+def test_a_task_error_is_raised_in_the_caller_and_the_pool_serves_on(processes):
+    with TaskPool(processes) as pool:
+        with pytest.raises(ValueError, match="seven is bad"):
             pool.map(_fail_at_seven, list(range(10)))
+        assert pool.map(_square_slowly, list(range(6))) == [x * x for x in range(6)]  # no stale reply
 
 
 def test_a_killed_worker_is_an_error_not_a_hang():
