@@ -164,7 +164,9 @@ def _check_text(path: Path) -> None:
                           f"dataset's text files, or a compressed file ending in one of {', '.join(_COMPRESSED)}")
 
 
-def _check_start(path: Path, fmt: Format) -> None:
+def check_file(path: Path, fmt: Format) -> None:
+    """What can be said of a whole file before any part of it is read (by :func:`read_batches`, which does
+    not check again): it exists, is not empty, is text and has its header."""
     if not path.is_file():
         raise FormatError(f"{path}: no such file")
     if path.stat().st_size == 0:
@@ -221,20 +223,13 @@ def line_at(path: Path, offset: int) -> int:
     return lines
 
 
-def check_file(path: str | Path, fmt: Format) -> None:
-    """What can be said of a whole file before any part of it is read: it exists, is text, has its header."""
-    _check_start(Path(path), fmt)
-
-
 def read_batches(path: str | Path, fmt: Format, start: int = 0, end: int = -1,
                  bad_lines: Optional[list] = None) -> Iterator[pa.RecordBatch]:
     """Validated string column batches of ``path`` (bytes ``[start, end)``, ``end`` -1: to the end), in file
-    order. A malformed line raises :class:`FormatError` naming its file and line; with ``bad_lines`` (a list)
-    it is left out and its line number appended instead.
+    order, of a file :func:`check_file` passed. A malformed line raises :class:`FormatError` naming its file
+    and line; with ``bad_lines`` (a list) it is left out and its line number appended instead.
     """
     path = Path(path)
-    if start == 0:
-        _check_start(path, fmt)
     header_lines = 1 if fmt.header and start == 0 else 0
     source: str | io.BytesIO | pa.BufferReader = str(path)
     delimiter = fmt.delimiter
