@@ -368,7 +368,7 @@ def preprocess(inputs: Sequence[str | Path], out_dir: str | Path, *, format_name
         _prepare_work_dir(workdir, parts)
     pool.barrier()
     try:
-        return _run(parts, formats, fmt, workdir, out_dir, options, min_count, keep_file_order, force, pool, report,
+        return _run(parts, {str(p): f for p, f in zip(paths, formats)}, fmt, workdir, out_dir, options, min_count, keep_file_order, force, pool, report,
                     {} if facts is None else facts)
     except (FormatError, StoreError, ValueError):
         pool.stop()  # no worker may write into the work directory once it is gone
@@ -391,7 +391,7 @@ def _prepare_work_dir(workdir: Path, parts: list[Part]) -> None:
                 entry.unlink()
 
 
-def _run(parts, formats, fmt, workdir, out_dir, options, min_count, keep_file_order, force, pool, report,
+def _run(parts, format_of, fmt, workdir, out_dir, options, min_count, keep_file_order, force, pool, report,
          facts) -> dict:
     started = time.perf_counter()
     stages: dict[str, float] = {}
@@ -407,7 +407,6 @@ def _run(parts, formats, fmt, workdir, out_dir, options, min_count, keep_file_or
         seen["lines"] += info["rows"]
         report("scan", info["rows"], int(seen["lines"] * total_bytes / max(1, seen["bytes"])))
 
-    format_of = dict(zip((str(p) for p in dict.fromkeys(p.path for p in parts)), formats))
     infos = pool.map(scan_part, [(p, format_of[p.path], workdir, options) for p in parts], scanned)
     lap("scan")
     n_samples = sum(info["rows"] for info in infos)
