@@ -103,7 +103,8 @@ class FaeScheduler:
             if strip.kind == "cold":
                 plans = self.cold.plans((b.sparse for b in members), start_step=step)
             else:
-                plans = (self._hot_plan(b, step + i) for i, b in enumerate(members))
+                # enumerate() is evaluated now, with this strip's first step (the loop below advances ``step``)
+                plans = (self._hot_plan(b, at) for at, b in enumerate(members, start=step))
             for plan in plans:
                 plan.fae = fae
                 plan.counts["hot_push"] = len(self.hot_rows) if fae.push_replicas else 0
