@@ -96,6 +96,14 @@ class DenseOptimizer(str, enum.Enum):
     adam = "adam"
 
 
+class LrSchedule(str, enum.Enum):
+    """How both learning rates change over a run, after ``train.lr_warmup`` (hybrid/lr_schedule.py)."""
+
+    constant = "constant"
+    step = "step"  # times train.lr_step_gamma every train.lr_step_every iterations (0: every epoch)
+    cosine = "cosine"  # half a cosine down to train.lr_min_ratio at the run's end
+
+
 class EmbeddingOptimizer(str, enum.Enum):
     sgd = "sgd"
     rowwise_adagrad = "rowwise_adagrad"  # FBGEMM's EXACT_ROWWISE_ADAGRAD: one accumulator per row
@@ -126,7 +134,8 @@ class DataConfig:
     path: str = "data/store"
     synthetic: Optional[SyntheticConfig] = None
     test_fraction: float = 0.1
-    shuffle: bool = False
+    validation_fraction: float = 0.0  # samples just before the test split, evaluated during training
+    shuffle: bool = False  # a fresh permutation each epoch, drawn from shuffle_seed and the epoch
     shuffle_seed: int = 0
 
 
@@ -152,13 +161,20 @@ class ClusterConfig:
 @dataclass
 class TrainConfig:
     batch_per_worker: int = 128
-    iterations: int = 0
+    iterations: int = 0  # global batches to train (0 = epochs passes over the train split)
+    epochs: int = 1  # passes over the train split (with iterations = 0)
     embedding_lr: float = 0.1
     dense_lr: float = 0.1
     dense_optimizer: DenseOptimizer = DenseOptimizer.sgd
     embedding_optimizer: EmbeddingOptimizer = EmbeddingOptimizer.sgd  # see hybrid/embedding_optimizer.py
     embedding_eps: float = 1e-8  # row-wise Adagrad's epsilon (FBGEMM's default)
-    eval_every: int = 0
+    lr_schedule: LrSchedule = LrSchedule.constant  # both learning rates' schedule (hybrid/lr_schedule.py)
+    lr_warmup: int = 0  # iterations of linear warm-up before the schedule
+    lr_step_every: int = 0  # step schedule: iterations between decays (0 = one epoch)
+    lr_step_gamma: float = 0.1  # step schedule: factor of each decay
+    lr_min_ratio: float = 0.0  # cosine schedule: the final rate, as a fraction of the configured one
+    eval_every: int = 0  # iterations between evaluations on the validation split (else test); also each epoch's end
+    keep_best: bool = True  # test the model of the best validation AUC (with data.validation_fraction > 0)
     verify_cache: bool = False  # debug: each iteration, compare fresh cached rows with the PS
     overlap: bool = True  # read the next iteration's prefetchable rows and finish writes behind other work
     deterministic: bool = False  # add shared rows' gradients in worker order: bit-reproducible runs and resumes
@@ -228,6 +244,10 @@ class Config:
         """Bytes of one stored row (what a PS rank stores and a transmission moves per row), state included."""
         return self.row_width * (8 if self.model.precision is Precision.float64 else 4)
 
+    def run_length(self, per_epoch: int) -> int:
+        """Global batches a run trains when one pass over the train split is ``per_epoch`` of them."""
+        return self.train.iterations or self.train.epochs * per_epoch
+
     def to_dict(self) -> dict:
         """Plain JSON-able dict (enums as their values)."""
         return json.loads(json.dumps(dataclasses.asdict(self), default=_enum_value))
@@ -257,16 +277,18 @@ class Config:
 # how it reaches the PS, the order shared gradients are added in and where the MLP computes
 # (last bits only). Every other key changes the result and must match the checkpoint's.
 RUN_ONLY_KEYS = ("train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir",
-                 "train.watchdog_seconds", "train.eval_every", "train.verify_cache", "train.deterministic",
+                 "train.watchdog_seconds", "train.eval_every", "train.keep_best", "train.verify_cache",
+                 "train.deterministic",
                  "train.device", "train.allreduce", "cluster.transport")
 
 # Keys a resumed run may change without changing what BSP trains, as long as the global batch
 # (workers x batch per worker) stays: the cluster's shape (the PS rows are re-sharded, the
 # scheduler starts cold), its caches (fewer workers need larger ones; only the schedule changes)
-# and the run's length (a run is continued for more iterations). Modes whose caches change
+# and the run's length (a run is continued for more iterations or epochs; a decaying learning-rate
+# schedule then follows the new length from the resumed iteration on). Modes whose caches change
 # values (HET) write no checkpoints.
 RESHAPE_KEYS = ("cluster.workers", "cluster.ps", "cluster.shard_plan", "train.batch_per_worker",
-                "train.iterations", "cache.ratio", "cache.policy")
+                "train.iterations", "train.epochs", "cache.ratio", "cache.policy")
 
 
 def flatten(values: dict, prefix: str = "") -> dict:
@@ -356,7 +378,16 @@ def validate(config: Config) -> None:
     _check(c.cluster.workers >= 1, "cluster.workers", f"must be >= 1, got {c.cluster.workers}")
     _check(c.cluster.ps >= 1, "cluster.ps", f"must be >= 1, got {c.cluster.ps}")
     _check(c.train.batch_per_worker >= 1, "train.batch_per_worker", f"must be >= 1, got {c.train.batch_per_worker}")
-    _check(c.train.iterations >= 0, "train.iterations", f"must be >= 0 (0 = one pass), got {c.train.iterations}")
+    _check(c.train.iterations >= 0, "train.iterations",
+           f"must be >= 0 (0 = train.epochs passes), got {c.train.iterations}")
+    _check(c.train.epochs >= 1, "train.epochs", f"must be >= 1, got {c.train.epochs}")
+    _check(c.train.epochs == 1 or not c.train.iterations, "train.epochs",
+           f"set train.epochs or train.iterations, not both (got {c.train.epochs} and {c.train.iterations})")
+    _check(c.train.lr_warmup >= 0, "train.lr_warmup", f"must be >= 0, got {c.train.lr_warmup}")
+    _check(c.train.lr_step_every >= 0, "train.lr_step_every",
+           f"must be >= 0 (0 = every epoch), got {c.train.lr_step_every}")
+    _check(0 < c.train.lr_step_gamma <= 1, "train.lr_step_gamma", f"must be in (0, 1], got {c.train.lr_step_gamma}")
+    _check(0 <= c.train.lr_min_ratio <= 1, "train.lr_min_ratio", f"must be in [0, 1], got {c.train.lr_min_ratio}")
     _check(c.train.embedding_lr > 0, "train.embedding_lr", f"must be > 0, got {c.train.embedding_lr}")
     _check(c.train.dense_lr > 0, "train.dense_lr", f"must be > 0, got {c.train.dense_lr}")
     _check(c.train.watchdog_seconds >= 0, "train.watchdog_seconds",
@@ -377,6 +408,9 @@ def validate(config: Config) -> None:
         _check(all(w >= 1 for w in widths), f"model.{key}", f"layer widths must be >= 1, got {widths}")
     _check(0.0 < c.cache.ratio <= 1.0, "cache.ratio", f"must be in (0, 1], got {c.cache.ratio}")
     _check(0.0 <= c.data.test_fraction < 1.0, "data.test_fraction", f"must be in [0, 1), got {c.data.test_fraction}")
+    _check(0.0 <= c.data.validation_fraction < 1.0 - c.data.test_fraction, "data.validation_fraction",
+           f"must be >= 0 and leave samples to train on beside data.test_fraction={c.data.test_fraction}, "
+           f"got {c.data.validation_fraction}")
     _check(c.scheduler.chunks >= 1, "scheduler.chunks", f"must be >= 1, got {c.scheduler.chunks}")
     _check(c.scheduler.threads >= 0, "scheduler.threads",
            f"must be >= 0 (0 = the rank's compute threads), got {c.scheduler.threads}")

@@ -25,13 +25,14 @@ def state_columns(config: Config) -> int:
     return config.row_width - config.model.embedding_dim
 
 
-def updated(rows: np.ndarray, gradients: np.ndarray, config: Config) -> np.ndarray:
-    """``rows`` (``[n, row_width]``, state included) after their summed ``gradients`` (``[n, dim]``).
+def updated(rows: np.ndarray, gradients: np.ndarray, config: Config, lr: float) -> np.ndarray:
+    """``rows`` (``[n, row_width]``, state included) after their summed ``gradients`` (``[n, dim]``) at rate ``lr``
+    (the iteration's, ``hybrid.lr_schedule``).
 
     The same NumPy operations on every worker and in the reference, so two
     workers holding the same row and gradient compute the same bits.
     """
-    lr, dim = config.train.embedding_lr, config.model.embedding_dim
+    dim = config.model.embedding_dim
     out = rows.copy()
     if config.train.embedding_optimizer is EmbeddingOptimizer.sgd:
         out[:, :dim] -= lr * gradients

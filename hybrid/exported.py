@@ -79,11 +79,15 @@ def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool 
 
 
 def auc_and_logloss(labels: np.ndarray, probabilities: np.ndarray) -> dict:
-    """Test AUC and log loss as the training summary reports them (NaN AUC with one class only)."""
+    """Test AUC and log loss as the training summary reports them (NaN AUC with one class only; both NaN, and
+    ``nonfinite`` counted, when some outputs are not finite: a model that diverged)."""
     from sklearn.metrics import log_loss, roc_auc_score
 
     if len(labels) == 0:
         return {"samples": 0, "auc": float("nan"), "logloss": float("nan")}
+    nonfinite = int((~np.isfinite(probabilities)).sum())
+    if nonfinite:
+        return {"samples": int(len(labels)), "auc": float("nan"), "logloss": float("nan"), "nonfinite": nonfinite}
     logloss = float(log_loss(labels, np.clip(probabilities, 1e-7, 1 - 1e-7), labels=[0, 1]))
     auc = float(roc_auc_score(labels, probabilities)) if len(np.unique(labels)) == 2 else float("nan")
     return {"samples": int(len(labels)), "auc": auc, "logloss": logloss}

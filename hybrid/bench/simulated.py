@@ -96,7 +96,7 @@ def count_cases(item: Workload, cases, *, overrides=(), iterations: int = 0,
     path, base = workload_config(item, overrides)
     config = load_config(path, base)
     ensure_store(config, say)
-    store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
+    store = BatchStore.of(config.data, "train")
     counted = {}
     for case in cases:
         mode, extra = case_mode(case)

@@ -9,7 +9,7 @@ the exit status:
 - ``sharding``: ``plan-shards``, ``shard-costs`` (place tables on PS ranks; NeuroShard's cost models).
 - ``simulate``: ``simulate`` (transmissions per mode, without MPI).
 - ``bench``: ``bench`` (every benchmark) and the argument types of its options.
-- ``train``: ``train`` (under mpirun), ``compare``.
+- ``train``: ``train`` (under mpirun), ``compare``, ``plot``.
 - ``export``: ``export`` (a checkpoint as one file), ``evaluate`` (an exported model on a store).
 - ``output``: what the groups share: progress bars, where text goes, strict JSON, ``EXIT_FAILURE``.
 

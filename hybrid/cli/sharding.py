@@ -25,7 +25,7 @@ def cmd_plan_shards(args) -> int:
     from hybrid.sharding.planners import make_plan, shard_load
 
     config = load_config(args.config, args.overrides)
-    store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
+    store = BatchStore.of(config.data, "train")
     row_bytes = config.row_bytes
     cap_rows = int(args.memory_cap_mb * 2**20 // row_bytes) if args.memory_cap_mb else None
     sample = [b.sparse.astype(np.int64) for b in itertools.islice(store.batches(config.global_batch), args.batches)]

@@ -19,7 +19,7 @@ def cmd_simulate(args) -> int:
         overrides.append(f"cache.ratio={args.cache_ratio}")
     config = load_config(args.config, overrides)
     cases = _cases(args, overrides)
-    store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
+    store = BatchStore.of(config.data, "train")
     store.check_ids()  # the scheduler's kernels trust the ids: one out of its table would read past it
     with progress_bar(unit="batches", desc="simulate") as bar:
         results = {label: simulate_mode(case_config, store, mode, args.iterations, bar.update)
@@ -74,7 +74,8 @@ def register(subparsers) -> None:
                    help="comma-separated cases, each MODE[+KEY=VALUE...], e.g. herald+scheduler.sync=p2p "
                         "(default: %(default)s)")
     p.add_argument("--workers", type=int, help="override cluster.workers")
-    p.add_argument("--iterations", type=int, default=0, help="global batches to run (0 = the whole train split)")
+    p.add_argument("--iterations", type=int, default=0, help="global batches to run (0 = the run's: train.iterations, "
+                   "or train.epochs passes over the train split)")
     p.add_argument("--cache-ratio", type=float, help="override cache.ratio")
     p.add_argument("--json", action="store_true",
                    help="print only JSON on stdout (one object per mode; the table goes to stderr)")

@@ -1,4 +1,5 @@
-"""``train`` (multi-rank training, under mpirun) and ``compare`` (the summaries of runs side by side).
+"""``train`` (multi-rank training, under mpirun), ``compare`` (the summaries of runs side by side) and ``plot``
+(their learning curves).
 
 ``mpi4py.MPI`` is imported only once a rank must abort: a process that
 imported it is an MPI singleton, and an mpirun it starts fails at once.
@@ -64,17 +65,42 @@ def _end_the_job(err: BaseException) -> None:
     world.Abort(EXIT_FAILURE)
 
 
+def _read_summaries(paths: list[str]) -> list[dict]:
+    summaries = []
+    for path in paths:
+        try:
+            summary = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path}: not a training summary ({err})") from None
+        if not isinstance(summary, dict) or "transmissions" not in summary:
+            raise ValueError(f"{path}: not a training summary (no transmissions); write one with "
+                             f"'hybrid train ... --summary-json FILE'")
+        summaries.append(summary)
+    return summaries
+
+
 def cmd_compare(args) -> int:
     """Modes side by side from the summaries ``hybrid train --summary-json`` wrote."""
     from hybrid.training.summary_text import compare_summaries
 
-    summaries = []
-    for path in args.summaries:
-        try:
-            summaries.append(json.loads(Path(path).read_text()))
-        except (OSError, ValueError) as err:
-            raise ValueError(f"{path}: not a training summary ({err})") from None
-    print(compare_summaries(summaries))
+    print(compare_summaries(_read_summaries(args.summaries)))
+    return 0
+
+
+def cmd_plot(args) -> int:
+    """Learning curves of the summaries ``hybrid train --summary-json`` wrote, one PNG."""
+    from hybrid.training.learning_curves import plot
+
+    summaries = _read_summaries(args.summaries)
+    labels = args.labels.split(",") if args.labels else \
+        [f"{s['config']} {s.get('label', s['mode'])}" for s in summaries]
+    if len(labels) != len(summaries):
+        raise ValueError(f"--labels names {len(labels)} runs, {len(summaries)} summaries were given")
+    missing = [path for path, s in zip(args.summaries, summaries) if not s.get("curves")]
+    if missing:
+        raise ValueError(f"{', '.join(missing)}: no learning curves in the summary (written by an older "
+                         f"version); train again to plot it")
+    print(f"wrote {plot(summaries, labels, Path(args.out))}")
     return 0
 
 
@@ -93,3 +119,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="modes side by side from 'hybrid train --summary-json' files")
     p.add_argument("summaries", nargs="+", help="summary JSON files; per config, the first is the baseline")
     p.set_defaults(func=cmd_compare)
+
+    p = subparsers.add_parser("plot", help="learning curves (train loss, validation and test AUC) of "
+                                           "'hybrid train --summary-json' files, one PNG")
+    p.add_argument("summaries", nargs="+", help="summary JSON files, one line each on the figure")
+    p.add_argument("--out", default="results/learning_curves.png", help="the PNG to write")
+    p.add_argument("--labels", help="comma-separated labels, one per summary (default: config and mode)")
+    p.set_defaults(func=cmd_plot)

@@ -35,7 +35,7 @@ def cmd_fae(args) -> int:
     from hybrid.scheduling.fae_plans import calibration_for
 
     config = load_config(args.config, args.overrides)
-    store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
+    store = BatchStore.of(config.data, "train")
     store.check_ids()  # the calibration indexes its counts by id
     start = time.perf_counter()
     stored = calibration_for(config, store, say=lambda line: print(line, file=sys.stderr))

@@ -250,11 +250,13 @@ class BatchStore:
     Batches come **in file order** by default: real datasets are chronological
     and online training sees them in time order, which is the temporal
     locality Herald exploits. ``shuffle=True`` gives a seeded, rank-independent
-    permutation instead. ``split`` selects the leading ``1 - test_fraction``
-    (train) or the trailing ``test_fraction`` (test) of the samples.
+    permutation instead, a fresh one each epoch. ``split`` selects, in time
+    order, the leading samples (train), the ``validation_fraction`` after
+    them (validation) or the trailing ``test_fraction`` (test).
     """
 
-    def __init__(self, path: str | Path, *, split: str = "all", test_fraction: float = 0.0):
+    def __init__(self, path: str | Path, *, split: str = "all", test_fraction: float = 0.0,
+                 validation_fraction: float = 0.0):
         self.path = Path(path)
         meta_path = self.path / "meta.json"
         if not meta_path.is_file():
@@ -265,14 +267,24 @@ class BatchStore:
                   for name, (shape, dtype) in _expected_arrays(self.meta).items()}
         self._sparse, self._dense, self._labels = arrays["sparse"], arrays["dense"], arrays["labels"]
         n = self.meta["n_samples"]
-        if split not in ("all", "train", "test"):
-            raise ValueError(f"split must be 'all', 'train' or 'test', got {split!r}")
-        if not 0.0 <= test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-        n_test = int(round(n * test_fraction))
-        bounds = {"all": (0, n), "train": (0, n - n_test), "test": (n - n_test, n)}[split]
+        if split not in ("all", "train", "validation", "test"):
+            raise ValueError(f"split must be 'all', 'train', 'validation' or 'test', got {split!r}")
+        if not (0.0 <= test_fraction < 1.0 and 0.0 <= validation_fraction < 1.0
+                and test_fraction + validation_fraction < 1.0):
+            raise ValueError(f"test_fraction and validation_fraction must be in [0, 1) and leave samples to "
+                             f"train on, got {test_fraction} and {validation_fraction}")
+        n_test, n_validation = int(round(n * test_fraction)), int(round(n * validation_fraction))
+        train_end = n - n_test - n_validation
+        bounds = {"all": (0, n), "train": (0, train_end), "validation": (train_end, n - n_test),
+                  "test": (n - n_test, n)}[split]
         self.split = split
         self.start, self.stop = bounds
+
+    @classmethod
+    def of(cls, data, split: str) -> "BatchStore":
+        """``split`` of the store a config's ``data`` section (path, test and validation fractions) names."""
+        return cls(data.path, split=split, test_fraction=data.test_fraction,
+                   validation_fraction=data.validation_fraction)
 
     @property
     def n_samples(self) -> int:
@@ -316,21 +328,41 @@ class BatchStore:
         full, rest = divmod(self.n_samples, batch_size)
         return full + (0 if drop_last or rest == 0 else 1)
 
-    def order(self, shuffle: bool = False, seed: int = 0) -> np.ndarray:
-        """Sample positions in serving order (file order unless shuffled)."""
+    def order(self, shuffle: bool = False, seed: int = 0, epoch: int = 0) -> np.ndarray:
+        """Sample positions in serving order in ``epoch``: file order, or shuffled afresh each epoch.
+
+        The permutation is a function of (seed, epoch) alone, so every rank
+        draws the same one without a message, and a run resumed in the middle
+        of an epoch continues its order exactly (docs/design.md section 10).
+        """
         positions = np.arange(self.start, self.stop, dtype=np.int64)
         if not shuffle:
             return positions
-        keys = hash3(seed, stream_id("shuffle"), positions)
+        stream = stream_id("shuffle") if epoch == 0 else stream_id("shuffle", epoch)  # epoch 0: as before epochs
+        keys = hash3(seed, stream, positions)
         return positions[np.argsort(keys, kind="stable")]
 
-    def batches(self, batch_size: int, *, shuffle: bool = False, seed: int = 0,
-                drop_last: bool = True, start_batch: int = 0) -> Iterator[GlobalBatch]:
-        """Global batches in order, from ``start_batch`` (for resuming)."""
-        order = self.order(shuffle, seed)
-        for index in range(start_batch, self.num_batches(batch_size, drop_last)):
-            ids = order[index * batch_size:(index + 1) * batch_size]
-            yield self.gather(index, ids)
+    def batches(self, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_last: bool = True,
+                start_batch: int = 0, stop_batch: Optional[int] = None) -> Iterator[GlobalBatch]:
+        """Global batches ``start_batch .. stop_batch - 1`` (default: one pass), epoch after epoch.
+
+        Batch ``b`` is batch ``b % per_epoch`` of epoch ``b // per_epoch``;
+        a partial last batch (``drop_last=False``) exists in one pass only.
+        """
+        per_epoch = self.num_batches(batch_size, drop_last)
+        if per_epoch == 0:
+            return
+        if stop_batch is None:
+            stop_batch = per_epoch
+        elif stop_batch > per_epoch and not drop_last:
+            raise ValueError("batches past one pass drop the partial last batch: use drop_last=True")
+        epoch, order = -1, None
+        for index in range(start_batch, stop_batch):
+            if index // per_epoch != epoch:
+                epoch = index // per_epoch
+                order = self.order(shuffle, seed, epoch)
+            within = index % per_epoch
+            yield self.gather(index, order[within * batch_size:(within + 1) * batch_size])
 
     def gather(self, index: int, sample_ids: np.ndarray) -> GlobalBatch:
         """Materialize the samples at ``sample_ids`` as a batch."""

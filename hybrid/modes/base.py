@@ -47,6 +47,11 @@ if TYPE_CHECKING:
     from hybrid.runtime.rma_store import EmbeddingStore, Handle
 
 
+def run_length(config: Config, store: BatchStore) -> int:
+    """Global batches the run trains: ``train.iterations``, or ``train.epochs`` passes over ``store``."""
+    return config.run_length(store.num_batches(config.global_batch))
+
+
 @dataclass(frozen=True)
 class WorkerContext:
     """What a mode's worker side works with; the training loop builds it on each worker."""
@@ -119,15 +124,16 @@ class TrainingMode(abc.ABC):
 
     @classmethod
     def simulation(cls, config: Config, store: BatchStore, losses: Optional[list] = None):
-        """(scheduler, batches of ids, iterations of one pass or 0) for ``hybrid simulate``; ``losses``: FAE's."""
+        """(scheduler, batches of ids, the run's iterations) for ``hybrid simulate``; ``losses``: FAE's."""
         scheduler = cls.scheduler_for(config, cardinalities=store.cardinalities)
-        return scheduler, (b.sparse for b in cls._store_order(config, store)), 0
+        return scheduler, (b.sparse for b in cls._store_order(config, store)), run_length(config, store)
 
     @staticmethod
     def _store_order(config: Config, store: BatchStore, start_batch: int = 0) -> Iterator[GlobalBatch]:
-        """The store's global batches in file order, or shuffled with ``data.shuffle`` (the same on every rank)."""
+        """The run's global batches, epoch after epoch: in file order, or shuffled afresh each epoch with
+        ``data.shuffle`` (the same on every rank)."""
         return store.batches(config.global_batch, shuffle=config.data.shuffle, seed=config.data.shuffle_seed,
-                             start_batch=start_batch)
+                             start_batch=start_batch, stop_batch=run_length(config, store))
 
     # ----------------------------------------------------------- worker side
     def __init__(self, context: WorkerContext):
@@ -136,6 +142,7 @@ class TrainingMode(abc.ABC):
         self.scheduler = self.worker_scheduler()
         self.cache = np.zeros((self.scheduler.state.capacity, self.config.row_width),
                               dtype=context.dtype)  # this worker's cached rows, by slot
+        self.embedding_lr = self.config.train.embedding_lr  # the iteration's rate: the loop sets it (lr_schedule)
 
     def worker_scheduler(self):
         """This worker's scheduler: every worker runs its own, identically (no schedule is sent)."""

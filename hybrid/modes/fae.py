@@ -30,7 +30,7 @@ import numpy as np
 
 from hybrid.config import Config, Mode
 from hybrid.data.store import BatchStore, GlobalBatch
-from hybrid.modes.base import WorkerContext
+from hybrid.modes.base import WorkerContext, run_length
 from hybrid.modes.vanilla import Vanilla
 from hybrid.scheduling.fae_order import LossFeed, MiniBatches, fae_batches, replayed_batches, strip_order
 from hybrid.scheduling.fae_plans import FaeScheduler, FaeStep, calibration_for
@@ -57,9 +57,11 @@ class HotReplicas:
 
     def batches(self, data: BatchStore, config: Config) -> Iterator[GlobalBatch]:
         """FAE's order of ``data``'s batches: strips laid out with the losses handed to :attr:`feed`."""
-        mini = MiniBatches.of(data, self.calibration.hot_inputs, config.global_batch, shuffle=config.data.shuffle,
-                              seed=config.data.shuffle_seed)
-        return fae_batches(data, strip_order(mini, ShuffleSchedule(), self.feed.get))
+        def passes(epoch: int) -> MiniBatches:
+            return MiniBatches.of(data, self.calibration.hot_inputs, config.global_batch,
+                                  shuffle=config.data.shuffle, seed=config.data.shuffle_seed, epoch=epoch)
+
+        return fae_batches(data, strip_order(passes, ShuffleSchedule(), self.feed.get))
 
     def before(self, step: FaeStep, heldout_loss: Callable[[], float]) -> None:
         """The synchronization that precedes an iteration (collective over the workers when there is one)."""
@@ -103,9 +105,9 @@ class Fae(Vanilla):
 
     @classmethod
     def check_settings(cls, config: Config) -> None:
-        if config.data.test_fraction <= 0:
+        if config.data.test_fraction <= 0 and config.data.validation_fraction <= 0:
             raise SchedulerError("scheduler.mode=fae follows the held-out loss between strips: "
-                                 "use data.test_fraction > 0")
+                                 "use data.validation_fraction > 0 or data.test_fraction > 0")
 
     @classmethod
     def simulation(cls, config: Config, store: BatchStore, losses: Optional[list] = None):
@@ -113,15 +115,14 @@ class Fae(Vanilla):
 
         The strip lengths follow the held-out loss, which only training
         measures: without ``losses`` (per pair, as a run logged them) the
-        rate stays at its start. One pass is the default length.
+        rate stays at its start. The run's length is the default, as in training.
         """
         calibration = calibration_for(config, store, say=lambda *_: None)
         scheduler = FaeScheduler(cls.scheduler_for(config, cardinalities=store.cardinalities),
                                  calibration.hot_rows)
-        batches, pass_length = replayed_batches(store, calibration.hot_inputs, config.global_batch,
-                                                shuffle=config.data.shuffle, seed=config.data.shuffle_seed,
-                                                losses=losses)
-        return scheduler, batches, pass_length
+        batches = replayed_batches(store, calibration.hot_inputs, config.global_batch,
+                                   shuffle=config.data.shuffle, seed=config.data.shuffle_seed, losses=losses)
+        return scheduler, batches, run_length(config, store)
 
     def __init__(self, context: WorkerContext):
         roles = context.roles
@@ -132,8 +133,10 @@ class Fae(Vanilla):
         self.replicas = HotReplicas(context.table, calibration, dim=context.config.model.embedding_dim,
                                     dtype=context.dtype, lead=roles.worker == 0, barrier=roles.worker_barrier,
                                     hvd=context.hvd)
-        # the test split, whose first samples give the held-out loss that sets the strip lengths
-        self.heldout = BatchStore(context.data.path, split="test", test_fraction=context.config.data.test_fraction)
+        # the validation split (else the test split), whose first samples give the held-out loss that sets
+        # the strip lengths
+        data = context.config.data
+        self.heldout = BatchStore.of(data, "validation" if data.validation_fraction else "test")
         super().__init__(context)
 
     def worker_scheduler(self) -> FaeScheduler:
@@ -163,7 +166,7 @@ class Fae(Vanilla):
         """Hot iterations: SGD on the replica with the summed gradients (no PS traffic); cold ones: vanilla's."""
         if work.hot is None:
             return super().update(work, gradients)
-        self.replicas.update(work, gradients, self.config.train.embedding_lr)
+        self.replicas.update(work, gradients, self.embedding_lr)
         return []
 
     def flush(self) -> None:

@@ -71,7 +71,7 @@ class Het(TrainingMode):
     def update(self, work: WorkerPlan, gradients: np.ndarray) -> list:
         """Apply every trained row's update to the cache and to its pending delta; start this iteration's pushes."""
         share = work.stale
-        deltas = -self.config.train.embedding_lr * gradients
+        deltas = -self.embedding_lr * gradients
         self.cache[work.slots] += deltas
         self.pending[work.slots] += deltas
         rows, slots = work.rows[share.push], work.slots[share.push]

@@ -64,7 +64,7 @@ class Vanilla(TrainingMode):
         """Local SGD on rows trained alone; PS writes of full-set and plan-pushed rows; shared rows accumulated."""
         if self.config.train.embedding_optimizer is not EmbeddingOptimizer.sgd:
             return self._update_rowwise(work, gradients)
-        lr = self.config.train.embedding_lr
+        lr = self.embedding_lr
         local = work.local
         self.cache[work.slots[local]] -= lr * gradients[local]
         full = work.full_set
@@ -82,7 +82,7 @@ class Vanilla(TrainingMode):
         """Row-wise Adagrad: every row updated in the cache from its summed gradient (:meth:`reduce`); full-set and
         plan-pushed rows written to the PS as with SGD, shared rows written by each trainer alike."""
         slots = work.slots
-        self.cache[slots] = updated(self.cache[slots], gradients, self.config)
+        self.cache[slots] = updated(self.cache[slots], gradients, self.config, self.embedding_lr)
         shared = work.accumulate
         return [self.table.put(work.rows[work.full_set], self.cache[slots[work.full_set]]),
                 self.table.put(work.plan_push.rows, self.cache[work.plan_push.slots]),

@@ -113,6 +113,11 @@ class HostStagedOptimizer:
         self.host = torch.empty(numel, dtype=parameters[0].dtype if parameters else torch.float32,
                                 pin_memory=device.type == "cuda")
 
+    @property
+    def param_groups(self) -> list:
+        """The wrapped optimizer's groups (their learning rates follow the run's schedule)."""
+        return self.optimizer.param_groups
+
     def zero_grad(self) -> None:
         self.optimizer.zero_grad()
 

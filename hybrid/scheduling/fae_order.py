@@ -2,10 +2,11 @@
 
 The calibrator (``hybrid.scheduling.fae_calibration``) classifies every training input
 hot (all its rows are hot) or cold. The inputs of each kind, in the store's
-order (shuffled once with ``data.shuffle``), are cut into global batches
-once: FAE's hot and cold mini-batches. A pass runs them in strips, cold
-first, strip lengths from the shuffle schedule (``hybrid.scheduling.shuffle_schedule``);
-passes repeat in the same order for as many iterations as the run trains.
+order (with ``data.shuffle``, pass ``p`` in the permutation of epoch ``p``),
+are cut into global batches: FAE's hot and cold mini-batches. A pass runs
+them in strips, cold first, strip lengths from the shuffle schedule
+(``hybrid.scheduling.shuffle_schedule``, whose rate carries over from pass
+to pass); passes follow one another for as many iterations as the run trains.
 
 The schedule's rate follows the held-out loss measured after each (cold,
 hot) pair of strips. The plan stream runs up to three batches ahead of
@@ -18,6 +19,7 @@ which every worker receives alike, so every rank lays out the same order.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import queue
 import threading
 from dataclasses import dataclass
@@ -49,11 +51,12 @@ class MiniBatches:
 
     @staticmethod
     def of(store: BatchStore, hot_inputs: np.ndarray, batch_size: int, *, shuffle: bool = False,
-           seed: int = 0) -> "MiniBatches":
-        """Cut the split's hot and cold inputs (``hot_inputs``: bool per input of the split) into batches."""
+           seed: int = 0, epoch: int = 0) -> "MiniBatches":
+        """Cut the split's hot and cold inputs (``hot_inputs``: bool per input of the split) into batches,
+        in ``epoch``'s order."""
         if len(hot_inputs) != store.n_samples:
             raise ValueError(f"hot_inputs classifies {len(hot_inputs)} inputs, the split has {store.n_samples}")
-        order = store.order(shuffle, seed)
+        order = store.order(shuffle, seed, epoch)
         is_hot = np.asarray(hot_inputs, dtype=bool)[order - store.start]
         cut = lambda positions: [positions[i:i + batch_size]  # noqa: E731
                                  for i in range(0, len(positions) - batch_size + 1, batch_size)]
@@ -63,9 +66,9 @@ class MiniBatches:
         return batches
 
 
-def strip_order(batches: MiniBatches, schedule: ShuffleSchedule,
+def strip_order(passes: Callable[[int], MiniBatches], schedule: ShuffleSchedule,
                 loss: Callable[[int], Optional[float]]) -> Iterator[tuple[np.ndarray, Strip]]:
-    """(positions, strip) of every batch, pass after pass, without end.
+    """(positions, strip) of every batch, pass after pass, without end; ``passes(p)``: pass ``p``'s mini-batches.
 
     ``loss(pair)`` returns the held-out loss after that pair (blocking until
     it is known), or None when it is not measured (the simulator); the
@@ -73,7 +76,8 @@ def strip_order(batches: MiniBatches, schedule: ShuffleSchedule,
     """
     pair, step, observed = 0, 0, 0
     ends: list[int] = []  # step of each pair's last batch
-    while True:
+    for number in itertools.count():
+        batches = passes(number)
         left = {"cold": list(range(len(batches.cold))), "hot": list(range(len(batches.hot)))}
         totals = {kind: len(indices) for kind, indices in left.items()}
         while left["cold"] or left["hot"]:
@@ -99,15 +103,17 @@ def fae_batches(store: BatchStore, order: Iterator[tuple[np.ndarray, Strip]]) ->
 
 
 def replayed_batches(store: BatchStore, hot_inputs: np.ndarray, batch_size: int, *, shuffle: bool, seed: int,
-                     losses: Optional[list] = None) -> tuple[Iterator[GlobalBatch], int]:
-    """FAE's batches as a run that measured ``losses`` (per pair) trained them, and the batches of one pass.
+                     losses: Optional[list] = None) -> Iterator[GlobalBatch]:
+    """FAE's batches as a run that measured ``losses`` (per pair) trained them.
 
     Without losses (the simulator, before any training) the rate stays at its start.
     """
-    mini = MiniBatches.of(store, hot_inputs, batch_size, shuffle=shuffle, seed=seed)
+    def passes(epoch: int) -> MiniBatches:
+        return MiniBatches.of(store, hot_inputs, batch_size, shuffle=shuffle, seed=seed, epoch=epoch)
+
     known = list(losses or [])
-    order = strip_order(mini, ShuffleSchedule(), lambda pair: known[pair] if pair < len(known) else None)
-    return fae_batches(store, order), len(mini.hot) + len(mini.cold)
+    return fae_batches(store, strip_order(passes, ShuffleSchedule(),
+                                          lambda pair: known[pair] if pair < len(known) else None))
 
 
 class LossFeed:

@@ -32,19 +32,23 @@ from hybrid.runtime.link_counters import difference, link_bytes
 from hybrid.runtime.preemption import StopRequest
 from hybrid.runtime.reshard import checkpoint_plan, cold_start, files_to_verify, same_layout
 from hybrid.runtime.shard_plan import ShardPlan, ShardPlanError
+from hybrid.training import learning_curves
 from hybrid.training.loop import STAGES, HybridTrainer
 
 
-def _open_stores(config: Config) -> tuple[Optional[BatchStore], Optional[BatchStore], str]:
-    """Train and test views, and the fingerprint (or the reason there is none, to agree on)."""
+def _open_stores(config: Config) -> tuple[Optional[dict], str]:
+    """The train, validation (None without ``data.validation_fraction``) and test views, and the
+    fingerprint (or the reason there is none, to agree on)."""
     try:
-        train = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
-        test = BatchStore(config.data.path, split="test", test_fraction=config.data.test_fraction)
-        train.check_ids()  # both splits: the whole sparse.npy
+        splits = {split: BatchStore.of(config.data, split) for split in ("train", "validation", "test")}
+        train = splits["train"]
+        train.check_ids()  # every split: the whole sparse.npy
         train.check_values()  # and the whole labels.npy and dense.npy
-        return train, test, train.fingerprint
+        if not splits["validation"].n_samples:
+            splits["validation"] = None
+        return splits, train.fingerprint
     except StoreError as err:
-        return None, None, f"unreadable ({err})"
+        return None, f"unreadable ({err})"
 
 
 def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optional[str] = None,
@@ -66,11 +70,12 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
 
     world = MPI.COMM_WORLD
     roles = split_roles(config.cluster.workers, config.cluster.ps, world, user_threads=config.train.threads)
-    train, test, fingerprint = _open_stores(config)
+    splits, fingerprint = _open_stores(config)
     check_agreement(world, config=config.digest(), data=fingerprint,
                     explain={"config": flatten(config.to_dict())})
-    if train is None:
+    if splits is None:
         raise StoreError(f"{config.data.path}: {fingerprint}; every rank failed to read it")
+    train = splits["train"]
     plan, plan_state = _shard_plan(config, int(train.cardinalities.sum()))
     check_agreement(world, shard_plan=plan_state)  # every rank read the same plan, or failed alike
     if plan is None:
@@ -80,10 +85,7 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
                          f"global batch of {config.global_batch} (cluster.workers x train.batch_per_worker); "
                          f"use a larger store or a smaller batch")
     modes.check(config, train.cardinalities)  # before any collective allocation, on every rank alike
-    iterations = config.train.iterations or train.num_batches(config.global_batch)
-    if iterations > train.num_batches(config.global_batch):
-        raise ValueError(f"train.iterations={iterations} exceeds the {train.num_batches(config.global_batch)} "
-                         f"global batches of {config.global_batch} in {config.data.path}")
+    iterations = config.run_length(train.num_batches(config.global_batch))  # past one pass: epoch after epoch
     if config.train.checkpoint_every:
         _check_checkpoint_room(config, roles, plan.n_rows * config.row_bytes)
     checkpoint = _resume_point(config, roles, fingerprint, plan) if resume else None
@@ -94,7 +96,7 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
     # From here an error may be raised on some ranks only: it propagates without any collective
     # cleanup (which would wait for ranks that never come), and `hybrid train` aborts the job.
     trainer = HybridTrainer(config, roles, train, resume=checkpoint, stop=stop, plan=plan)
-    summary = _train(config, trainer, test, iterations, log_path, progress)
+    summary = _train(config, trainer, splits, iterations, log_path, progress)
     if summary is not None:
         summary["launch"] = _launch_report(roles, launch)
     trainer.close()
@@ -181,7 +183,7 @@ def _resume_point(config: Config, roles, fingerprint: str, plan: ShardPlan) -> O
     raise ckpt.CheckpointError(f"no usable checkpoint in {directory.root}: {'; '.join(skipped)}")
 
 
-def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations: int,
+def _train(config: Config, trainer: HybridTrainer, splits: dict, iterations: int,
            log_path: Optional[str], progress: bool) -> Optional[dict]:
     lead = trainer.roles.worker == 0
     bar = tqdm(total=iterations, initial=trainer.run.start_step, unit="it", desc=f"train {config.scheduler.mode.value}", file=sys.stderr,
@@ -198,7 +200,8 @@ def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations:
     try:
         links = link_bytes()
         start = time.perf_counter()
-        log = trainer.train(iterations, on_step=on_step, test=test)  # PS ranks: serve until end_service
+        heldout = splits["validation"] or splits["test"]  # evaluated during the run
+        log = trainer.train(iterations, on_step=on_step, heldout=heldout)  # PS ranks: serve until end_service
         seconds = time.perf_counter() - start
         links = difference(link_bytes(), links)
     finally:
@@ -208,10 +211,24 @@ def _train(config: Config, trainer: HybridTrainer, test: BatchStore, iterations:
     stopped = trainer.roles.is_ps or trainer.run.stopped_by is not None
     if not stopped:
         trainer.flush()
-    evaluation = None if stopped else trainer.evaluate(test)
+    final = None if stopped else _final_evaluations(trainer, splits["validation"], splits["test"])
     trainer.end_service()
     ranks = trainer.roles.world.gather({**_rank_report(trainer), "train_link_bytes": links}, root=0)
-    return _summarize(config, trainer, log, seconds, evaluation, ranks) if not trainer.roles.is_ps else None
+    return _summarize(config, trainer, log, seconds, final, ranks) if not trainer.roles.is_ps else None
+
+
+def _final_evaluations(trainer: HybridTrainer, validation: Optional[BatchStore], test: BatchStore) -> dict:
+    """The run's end (workers, after the flush): the validation split, then the test split on the last model
+    and, with ``train.keep_best``, on the best validation model if an earlier one was better (worker 0's
+    results; the other workers' are None)."""
+    step = trainer.last_step
+    entries = []
+    if validation is not None:
+        entries.append(trainer.note_evaluation(step, "validation", trainer.evaluate(validation)))
+    last = trainer.evaluate(test)
+    entries.append(trainer.note_evaluation(step, "test", last))
+    kept = trainer.evaluate(test) if trainer.restore_best() else last
+    return {"kept": kept, "last": last, "entries": entries}
 
 
 def _launch_report(roles, launch: Optional[LaunchFacts]) -> dict:
@@ -246,12 +263,13 @@ def _rank_report(trainer: HybridTrainer) -> dict:
 
 
 def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds: float,
-               evaluation: Optional[dict], ranks: Optional[list]) -> Optional[dict]:
+               final: Optional[dict], ranks: Optional[list]) -> Optional[dict]:
     """Totals over workers (collective over the workers); the summary on worker 0."""
     moved = np.array([sum(r["moved"].get(k, 0) for r in log)
                       for k in ("pull", "put", "accumulate", "p2p", "version_read")], dtype=np.int64)
     total = trainer.roles.workers.allreduce(moved)
-    loss_sum = trainer.roles.workers.allreduce(sum(r["loss_sum"] for r in log))
+    loss_sums = trainer.roles.workers.allreduce(np.array([r["loss_sum"] for r in log], dtype=np.float64))
+    loss_sum = float(loss_sums.sum())
     mean_ms = {s: 1000 * sum(r["timing"].get(s, 0.0) for r in log) / max(1, len(log)) for s in STAGES}
     if trainer.roles.worker != 0:
         return None
@@ -285,7 +303,14 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         "scored_tables": trainer.scored_tables,  # adaptive LAIA under budget_ms: agreed by every worker
         "table_rows": trainer.table.plan.n_rows, "ps_shard_mb": round(shard_rows * row_bytes / 2**20, 1),
         "ranks": ranks,
-        "evaluation": evaluation,
+        "evaluation": final["kept"] if final else None,  # test split, on the model kept (train.keep_best)
+        "evaluation_last": final["last"] if final and final["kept"] is not final["last"] else None,
+        "best": trainer.run.best, "epochs": trainer.epoch_of(trainer.run.start_step + len(log) - 1),
+        "iterations_per_epoch": trainer.per_epoch,
+        "curves": {"train_loss": learning_curves.train_loss_points(
+                       [r["step"] for r in log], loss_sums, [r["samples"] for r in log],
+                       eval_every=config.train.eval_every, per_epoch=trainer.per_epoch),
+                   "evaluations": trainer.run.evaluations + [e for e in (final or {}).get("entries", []) if e]},
         "start_step": trainer.run.start_step, "stopped_by": trainer.run.stopped_by,
         "checkpoints": trainer.run.checkpoints, "evaluations": trainer.run.evaluations,
         "checkpoint_rows": {"flushed": trainer.run.flushed_rows, "restored": trainer.run.restored_rows},

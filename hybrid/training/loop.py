@@ -52,6 +52,7 @@ Reads and writes of different rows never conflict; for one row:
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ from hybrid import modes, torch_files
 from hybrid.config import Config
 from hybrid.data.store import BatchStore, GlobalBatch
 from hybrid.exported import auc_and_logloss
+from hybrid.lr_schedule import RateSchedule, set_rate
 from hybrid.models import build_model, dense_optimizer
 from hybrid.runtime import accelerator
 from hybrid.runtime import checkpoint as ckpt
@@ -115,7 +117,8 @@ class RunState:
     start_step: int = 0  # first iteration of this run (> 0 when resumed)
     stopped_by: Optional[str] = None  # the signal that ended the run early, if one did
     checkpoints: list = field(default_factory=list)  # {"step", "path", "seconds"} per checkpoint written
-    evaluations: list = field(default_factory=list)  # {"step", ...evaluation} per mid-run evaluation
+    evaluations: list = field(default_factory=list)  # {"step", "epoch", "split", ...evaluation} per evaluation
+    best: Optional[dict] = None  # {"step", "epoch", "auc"} of the best validation evaluation (train.keep_best)
     flushed_rows: int = 0  # dirty rows copied to the PS for checkpoints and evaluations (not transmissions)
     restored_rows: int = 0  # cached rows read back from the PS when resuming (not transmissions)
     paused_seconds: float = 0.0  # spent on checkpoints and evaluations between iterations
@@ -140,6 +143,9 @@ class HybridTrainer:
         self.stop = stop or StopRequest()
         self.checkpoints = ckpt.CheckpointDir(config.checkpoint_path, config.train.checkpoint_keep)
         self.run = RunState(start_step=resume.step + 1 if resume else 0)
+        self.per_epoch = max(1, store.num_batches(config.global_batch))  # global batches in one pass
+        self.rates = RateSchedule.of(config, self.per_epoch)
+        self.best_model = None  # workers: the MLP of run.best; PS ranks: their rows of it (train.keep_best)
         self.dtype = np.dtype(config.model.precision.value)
         self.torch_dtype = getattr(torch, config.model.precision.value)
         self.overlap = config.train.overlap
@@ -239,7 +245,7 @@ class HybridTrainer:
 
     # -------------------------------------------------------------- training
     def train(self, iterations: int, on_step: Optional[Callable[[dict], None]] = None,
-              test: Optional[BatchStore] = None) -> list[dict]:
+              heldout: Optional[BatchStore] = None) -> list[dict]:
         """Run global batches ``start_step .. iterations - 1``; one record per iteration (workers) or [].
 
         A record holds the plan's event counts (all workers), the rows this
@@ -247,8 +253,9 @@ class HybridTrainer:
         overlap that includes the next iteration's prefetched rows), how many
         of this iteration's rows were read during the previous one
         (``prefetched``), the plan digest, seconds per stage and this worker's
-        summed sample losses, and the evaluation on ``test`` when one ran
-        after it (``train.eval_every``). A worker that finishes no iteration
+        summed sample losses, and the evaluation on ``heldout`` (the validation
+        split, else the test split) when one ran after it (every
+        ``train.eval_every`` iterations and each epoch's end). A worker that finishes no iteration
         for ``train.watchdog_seconds`` prints its stage and stacks and ends
         the job (``hybrid.runtime.watchdog``). PS ranks serve the workers until they
         end the run (:meth:`end_service`), writing their rows at checkpoints.
@@ -267,7 +274,7 @@ class HybridTrainer:
         try:
             with Watchdog(self.config.train.watchdog_seconds, where) as watchdog:
                 self._restore_cache()
-                self._loop(producer, log, on_step, watchdog, test)
+                self._loop(producer, log, on_step, watchdog, heldout)
         finally:
             self.mode.finish()
             producer.close()
@@ -275,10 +282,22 @@ class HybridTrainer:
 
     def _marks(self, step: int) -> tuple[bool, bool]:
         """(save, dirty rows) for plan ``step``: checkpoints every ``checkpoint_every`` and at the end,
-        evaluations every ``eval_every``."""
-        every, evaluate = self.config.train.checkpoint_every, self.config.train.eval_every
+        evaluations every ``eval_every`` and at each epoch's end."""
+        every = self.config.train.checkpoint_every
         save = bool(every) and ((step + 1) % every == 0 or step == self.last_step)
-        return save, save or (bool(evaluate) and (step + 1) % evaluate == 0)
+        return save, save or self._evaluates_after(step)
+
+    def _evaluates_after(self, step: int) -> bool:
+        """Whether a mid-run evaluation follows iteration ``step``: every ``train.eval_every`` iterations and
+        at each epoch's end, not after the last one (the run's own evaluation follows it), and only in modes
+        whose PS holds every update mid-run (HET's and FAE's workers hold some: ``mode.checkpoints``)."""
+        evaluate = self.config.train.eval_every
+        due = (bool(evaluate) and (step + 1) % evaluate == 0) or (step + 1) % self.per_epoch == 0
+        return due and step != self.last_step and self.mode.checkpoints
+
+    def epoch_of(self, step: int) -> float:
+        """Passes over the train split completed after iteration ``step`` (the curves' second axis)."""
+        return round((step + 1) / self.per_epoch, 4)
 
     def _restore_cache(self) -> None:
         """Resuming: read this worker's cached rows back from the PS (checkpointed with every dirty row)."""
@@ -291,7 +310,7 @@ class HybridTrainer:
         self.run.restored_rows += len(slots)
         self.resume_arrays = None  # the scheduler holds what it needs
 
-    def _loop(self, producer: PlanProducer, log: list, on_step, watchdog: Watchdog, test) -> None:
+    def _loop(self, producer: PlanProducer, log: list, on_step, watchdog: Watchdog, heldout) -> None:
         """The iterations, each prepared by the one before (see the module docstring)."""
         plans = iter(producer)
         stages = self.stages = Stages()
@@ -310,7 +329,7 @@ class HybridTrainer:
                       "prefetched": prefetched, "digest": ready.plan.digest, "timing": stages.seconds,
                       "samples": len(ready.batch), "loss_sum": self.last_loss}
             paused = time.perf_counter()
-            record.update(self._after(ready.plan, following is None, test, watchdog))
+            record.update(self._after(ready.plan, following is None, heldout, watchdog))
             self.run.paused_seconds += time.perf_counter() - paused
             log.append(record)
             self.run.figures.add(ready.plan)
@@ -338,8 +357,9 @@ class HybridTrainer:
         """
         producer.release(stop_after=self.roles.worker_max(producer.hold()))
 
-    def _after(self, plan: BatchPlan, last: bool, test: Optional[BatchStore], watchdog: Watchdog) -> dict:
-        """The checkpoint and the evaluation that follow iteration ``plan.step``, if due; their record fields.
+    def _after(self, plan: BatchPlan, last: bool, heldout: Optional[BatchStore], watchdog: Watchdog) -> dict:
+        """The checkpoint and the evaluation on ``heldout`` that follow iteration ``plan.step``, if due; their
+        record fields.
 
         A plan carries the scheduler's state exactly when a checkpoint follows it.
         """
@@ -348,17 +368,52 @@ class HybridTrainer:
             self._flush_copies(plan)
             fields["checkpoint"] = self._checkpoint(plan)
             watchdog.beat()
-        evaluate = self.config.train.eval_every
-        if test is not None and not last and evaluate and (plan.step + 1) % evaluate == 0:
+        if heldout is not None and not last and self._evaluates_after(plan.step):
             if "checkpoint" not in fields:
                 self._flush_copies(plan)
             self.roles.worker_barrier()  # every worker's copies are at the PS before anyone reads
-            result = self.evaluate(test)
+            result = self.evaluate(heldout)
             fields["evaluation"] = result
-            if result is not None:
-                self.run.evaluations.append({"step": plan.step, **result})
+            self.note_evaluation(plan.step, heldout.split, result)
             watchdog.beat()
         return fields
+
+    def note_evaluation(self, step: int, split: str, result: Optional[dict]) -> Optional[dict]:
+        """An evaluation after iteration ``step`` (worker 0 has ``result``), as the curves hold it.
+
+        Mid-run ones are kept in ``run.evaluations``. On the validation split
+        with ``train.keep_best``, a model whose AUC is the best so far is kept
+        (collective over all ranks then; the last iteration's model stays in
+        place, so it needs no copy).
+        """
+        entry = None if result is None else {"step": step, "epoch": self.epoch_of(step), "split": split, **result}
+        if entry is not None and step != self.last_step:
+            self.run.evaluations.append(entry)
+        if split == "validation" and self.config.train.keep_best:
+            auc = self.roles.workers.bcast(None if result is None else result["auc"], root=0)
+            if self.run.best is None or auc > self.run.best["auc"]:
+                self.run.best = {"step": step, "epoch": self.epoch_of(step), "auc": auc}
+                if step != self.last_step:
+                    self.best_model = copy.deepcopy(self.model.state_dict())
+                    self._tell_ps("keep")
+        return entry
+
+    def restore_best(self) -> bool:
+        """Put the kept best model back in place of the last one (collective over all ranks); whether one was
+        kept from an earlier iteration than the last. The run trains no further afterwards: the caches and
+        the cluster state still describe the last model."""
+        if self.run.best is None or self.run.best["step"] == self.last_step:
+            return False
+        self.model.load_state_dict(self.best_model)
+        self._tell_ps("restore")
+        return True
+
+    def _tell_ps(self, op: str) -> None:
+        """Have every PS rank keep a copy of its rows (``keep``) or put that copy back (``restore``), once
+        every write has reached the PS; every rank leaves when they are done (collective over all ranks)."""
+        self.table.barrier()
+        self.roles.world.bcast({"op": op}, root=0)
+        self.roles.world.Barrier()
 
     def _flush_copies(self, plan: BatchPlan) -> None:
         """Write copies of this worker's dirty rows to the PS, leaving the schedule as it is.
@@ -430,6 +485,13 @@ class HybridTrainer:
                     request.Wait()
                 self._served = True
                 return
+            if command["op"] in ("keep", "restore"):  # see _tell_ps
+                if command["op"] == "keep":
+                    self.best_model = self.table.shard.copy()
+                else:
+                    self.table.shard[...] = self.best_model
+                self.roles.world.Barrier()
+                continue
             path = self.checkpoints.staging_path(command["step"]) / ckpt.shard_name(index)
             record = ckpt.write_rows(path, self.table.shard)
             self.roles.world.gather({ckpt.shard_name(index): record}, root=0)
@@ -473,6 +535,9 @@ class HybridTrainer:
             ahead = self._prefetch(upcoming[0]) if (upcoming is not None and self.overlap and
                                                     self.mode.reads_ahead(upcoming[0])) else None
         with stages("compute"):
+            step = ready.plan.step  # the iteration's learning rates (hybrid.lr_schedule), alike on every worker
+            set_rate(self.optimizer, self.rates.dense(step))
+            self.mode.embedding_lr = self.rates.embedding(step)
             dim = self.config.model.embedding_dim  # stored rows may carry optimizer state after it
             leaf = self.staging.to_device(self.mode.embeddings(work)[work.slots, :dim]).requires_grad_(True)
             logits = self.model(dense, torch.nn.functional.embedding(index, leaf))

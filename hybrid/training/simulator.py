@@ -19,7 +19,8 @@ from hybrid.training.figures import Figures
 
 def simulate_mode(config: Config, store: BatchStore, mode: Mode, iterations: int = 0,
                   progress=None, fae_losses: Optional[list] = None) -> Figures:
-    """Counts of one mode over ``iterations`` global batches (0 = the whole split, one pass for FAE).
+    """Counts of one mode over ``iterations`` global batches (0 = the run's: ``train.iterations``, or
+    ``train.epochs`` passes over the split, as ``hybrid train`` trains).
 
     FAE's strip lengths follow the held-out loss, which only training
     measures: ``fae_losses`` (per pair, as a run logged them) lays out the
@@ -45,7 +46,7 @@ def simulate_mode(config: Config, store: BatchStore, mode: Mode, iterations: int
 
 def simulate(config: Config, modes, iterations: int = 0, progress=None) -> dict[Mode, Figures]:
     """Counts per mode on the training split of ``config.data.path``."""
-    store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
+    store = BatchStore.of(config.data, "train")
     return {mode: simulate_mode(config, store, mode, iterations, progress) for mode in modes}
 
 

@@ -11,6 +11,13 @@ def format_summary(summary: dict) -> str:
     t, e = summary["transmissions"], summary["evaluation"]
     tested = (f"test AUC {e['auc']:.4f}, log loss {e['logloss']:.4f} on {e['samples']} samples" if e
               else "not evaluated (stopped early)")
+    if e and e.get("nonfinite"):
+        tested += (f" ({e['nonfinite']} outputs are not finite: the model diverged; lower train.embedding_lr and "
+                   f"train.dense_lr, or add train.lr_warmup)")
+    best, last = summary.get("best"), summary.get("evaluation_last")
+    if e and best and last:  # train.keep_best put an earlier model back
+        tested += (f" with the best validation model (AUC {best['auc']:.4f} after iteration {best['step']}, "
+                   f"epoch {best['epoch']:g}; the last model: test AUC {last['auc']:.4f})")
     p2p = f", p2p {t['p2p_rows']}" if t.get("p2p_rows") else ""
     apart = ""  # traffic that is not rows moved through the PS
     if summary.get("version_checks", {}).get("rows"):
@@ -19,9 +26,15 @@ def format_summary(summary: dict) -> str:
         apart += f"; {summary['allreduced_rows']} rows allreduced"
     return (f"{summary['config']} {summary.get('label', summary['mode'])}: {summary['workers']} workers + "
             f"{summary['ps']} PS, "
-            f"{summary['iterations']} iterations, {summary['throughput']:.0f} samples/s; "
+            f"{summary['iterations']} iterations{_epochs(summary)}, {summary['throughput']:.0f} samples/s; "
             f"transmissions {t['rows']} rows (pull {t['pull_rows']}, push {t['push_rows']}{p2p}){apart}, "
             f"{_hit_rate(summary)}; train loss {summary['train_loss']:.4f}, {tested}")
+
+
+def _epochs(summary: dict) -> str:
+    """' (N epochs)' for a run past one pass over the train split, else ''."""
+    epochs = summary.get("epochs", 0)
+    return f" ({epochs:g} epochs)" if epochs > 1 else ""
 
 
 def _hit_rate(summary: dict) -> str:
@@ -47,7 +60,9 @@ def format_checkpoints(summary: dict) -> str:
         lines.append(f"  resumed at iteration {summary['start_step']} "
                      f"({summary['checkpoint_rows']['restored']} cached rows read back on worker 0)")
     for entry in summary["evaluations"]:
-        lines.append(f"  evaluation after iteration {entry['step']}: AUC {entry['auc']:.4f}, "
+        where = f"{entry['split']} " if "split" in entry else ""
+        epoch = f" (epoch {entry['epoch']:g})" if "epoch" in entry else ""
+        lines.append(f"  evaluation after iteration {entry['step']}{epoch}: {where}AUC {entry['auc']:.4f}, "
                      f"log loss {entry['logloss']:.4f}")
     for entry in summary["checkpoints"]:
         lines.append(f"  checkpoint after iteration {entry['step']}: {entry['path']} ({entry['seconds']:.1f} s)")

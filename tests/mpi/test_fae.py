@@ -74,8 +74,8 @@ def test_fae_equals_the_reference_on_its_own_order_and_the_simulation_counts_it(
 
     from hybrid.scheduling.fae_plans import calibration_for
     calibration = calibration_for(config, store, say=lambda *_: None)
-    batches, _ = replayed_batches(store, calibration.hot_inputs, config.global_batch, shuffle=config.data.shuffle,
-                                  seed=config.data.shuffle_seed, losses=losses)
+    batches = replayed_batches(store, calibration.hot_inputs, config.global_batch, shuffle=config.data.shuffle,
+                               seed=config.data.shuffle_seed, losses=losses)
     expected_table, expected_model = train_reference(config, store, ITERATIONS, batches=batches)
     assert np.abs(table - expected_table).max() < 1e-9
     for got, want in zip(params, expected_model.parameters()):

@@ -191,6 +191,13 @@ ENTRY_POINTS = {
     "a bench that needs mpirun": (("bench", "ps"), "needs 2 ranks (a worker and a PS): launch/mpirun.sh -n 2"),
     "sharding costs without mpirun": (("shard-costs", "collect"), "needs 1 worker + at least 2 PS ranks"),
     "a summary that is not there": (("compare", "{tmp}/none.json"), "none.json: not a training summary"),
+    "curves of a summary that is not there": (("plot", "{tmp}/none.json", "--out", "{tmp}/c.png"),
+                                              "none.json: not a training summary"),
+    "epochs and iterations both": (("simulate", "--config", SMOKE, "train.epochs=2", "train.iterations=5"),
+                                   "set train.epochs or train.iterations, not both"),
+    "a validation split that leaves nothing to train": (("simulate", "--config", SMOKE,
+                                                         "data.validation_fraction=0.95"),
+                                                        "data.validation_fraction: must be >= 0 and leave samples"),
 }
 
 

@@ -24,12 +24,12 @@ def test_rowwise_adagrad_is_fbgemms_exact_rowwise_adagrad_and_sgd_is_unchanged()
     g = torch.tensor(gradients)
     state = state + (g * g).mean(dim=1)  # FBGEMM: momentum1 += mean(g^2); w -= lr * g / (sqrt(momentum1) + eps)
     weights = weights - 0.3 * g / (state.sqrt() + 1e-8)[:, None]
-    got = updated(rows, gradients, config)
+    got = updated(rows, gradients, config, config.train.embedding_lr)
     np.testing.assert_allclose(got, np.concatenate([weights.numpy(), state.numpy()[:, None]], axis=1), rtol=1e-15)
     assert not np.shares_memory(got, rows)
     sgd = load_config(None, ["model.embedding_dim=4", "train.embedding_lr=0.3"])
     assert state_columns(sgd) == 0
-    np.testing.assert_array_equal(updated(rows[:, :4], gradients, sgd), rows[:, :4] - 0.3 * gradients)
+    np.testing.assert_array_equal(updated(rows[:, :4], gradients, sgd, 0.3), rows[:, :4] - 0.3 * gradients)
 
 
 @settings(max_examples=60, deadline=None)

@@ -6,7 +6,7 @@ import torch
 from hybrid.config import load_config
 from hybrid.data.synthetic import synthesize
 from hybrid.data.store import BatchStore
-from hybrid.exported import evaluate, load, save
+from hybrid.exported import auc_and_logloss, evaluate, load, save
 from hybrid.models import build_model
 
 
@@ -51,3 +51,10 @@ def test_a_file_that_is_not_an_export_and_a_store_of_other_tables_are_refused(st
     synthesize(other, like="avazu", rows=100, scale=0.0005, seed=2)
     with pytest.raises(ValueError, match="the model was trained on 26 tables"):
         evaluate(load(tmp_path / "m.pt"), BatchStore(other))
+
+
+def test_a_diverged_model_scores_nan_and_says_how_many_outputs_were_not_finite():
+    labels = np.array([0.0, 1.0, 1.0, 0.0])
+    assert auc_and_logloss(labels, np.array([0.1, 0.9, 0.8, 0.3]))["auc"] == 1.0
+    diverged = auc_and_logloss(labels, np.array([0.1, np.nan, 0.8, np.nan]))
+    assert diverged["nonfinite"] == 2 and np.isnan(diverged["auc"]) and np.isnan(diverged["logloss"])

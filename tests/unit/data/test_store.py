@@ -46,6 +46,33 @@ def test_shuffle_is_seeded_permutation(tmp_path):
     assert sorted(a) == list(range(100)) and not np.array_equal(a, np.arange(100))
 
 
+def test_epochs_follow_one_another_each_a_fresh_permutation_that_any_start_reproduces(tmp_path):
+    _write(tmp_path / "s")
+    store = BatchStore(tmp_path / "s")
+    run = list(store.batches(30, shuffle=True, seed=3, stop_batch=9))  # 3 epochs of 3 batches (10 samples dropped)
+    assert [b.index for b in run] == list(range(9))
+    epochs = [np.concatenate([b.sample_ids for b in run[e * 3:e * 3 + 3]]) for e in range(3)]
+    assert all(len(np.unique(e)) == 90 for e in epochs)  # within an epoch, no sample twice
+    assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
+    assert np.array_equal(epochs[0], np.concatenate([b.sample_ids for b in store.batches(30, shuffle=True, seed=3)]))
+    resumed = list(store.batches(30, shuffle=True, seed=3, start_batch=4, stop_batch=9))  # mid-epoch 2
+    assert all(np.array_equal(a.sample_ids, b.sample_ids) for a, b in zip(resumed, run[4:]))
+    in_order = [b.sample_ids[0] for b in store.batches(30, stop_batch=6)]
+    assert in_order == [0, 30, 60] * 2  # time order every epoch
+    with pytest.raises(ValueError, match="drop_last"):
+        list(store.batches(30, drop_last=False, stop_batch=9))
+
+
+def test_validation_split_sits_between_train_and_test(tmp_path):
+    sparse, *_ = _write(tmp_path / "s")
+    views = {split: BatchStore(tmp_path / "s", split=split, test_fraction=0.2, validation_fraction=0.1)
+             for split in ("train", "validation", "test")}
+    assert [(v.start, v.stop) for v in views.values()] == [(0, 70), (70, 80), (80, 100)]
+    assert np.array_equal(views["validation"].sparse(), sparse[70:80])
+    with pytest.raises(ValueError, match="leave samples to train on"):
+        BatchStore(tmp_path / "s", split="train", test_fraction=0.5, validation_fraction=0.5)
+
+
 def test_train_test_split_is_leading_and_trailing(tmp_path):
     sparse, *_ = _write(tmp_path / "s")
     train = BatchStore(tmp_path / "s", split="train", test_fraction=0.2)

@@ -33,9 +33,9 @@ class _Split:
     def __init__(self, n):
         self.n_samples, self.start = n, 10
 
-    def order(self, shuffle, seed):
+    def order(self, shuffle, seed, epoch=0):
         positions = np.arange(self.start, self.start + self.n_samples)
-        return np.random.default_rng(seed).permutation(positions) if shuffle else positions
+        return np.random.default_rng([seed, epoch]).permutation(positions) if shuffle else positions
 
 
 @settings(max_examples=100, deadline=None)
@@ -64,7 +64,7 @@ def _layout(n_cold, n_hot, losses=None, passes=2):
         asked.append((pair, len(produced)))
         return None if losses is None else losses[pair]
 
-    for positions, strip in itertools.islice(strip_order(batches, ShuffleSchedule(), loss), passes * (n_cold + n_hot)):
+    for positions, strip in itertools.islice(strip_order(lambda p: batches, ShuffleSchedule(), loss), passes * (n_cold + n_hot)):
         produced.append((strip.kind, strip.pair, strip.last, int(positions[0])))
     return produced, asked
 
@@ -118,7 +118,7 @@ def _plans(config, store, worker):
     scheduler = FaeScheduler(modes.scheduler_for(config, cardinalities=store.cardinalities, mode=Mode.fae,
                                                  worker=worker), calibration.hot_rows)
     mini = MiniBatches.of(store, calibration.hot_inputs, config.global_batch)
-    batches = fae_batches(store, strip_order(mini, ShuffleSchedule(), lambda pair: None))
+    batches = fae_batches(store, strip_order(lambda p: mini, ShuffleSchedule(), lambda pair: None))
     n = len(mini.hot) + len(mini.cold) + 10
     return list(scheduler.plans(itertools.islice(batches, n))), calibration, scheduler
 
@@ -130,6 +130,7 @@ def test_plans_switch_at_strip_ends_and_hot_iterations_touch_only_the_replicas(s
     hot_rows = len(calibration.hot_rows)
     kinds = [p.fae.kind for p in plans]
     assert "hot" in kinds and "cold" in kinds
+    assert [p.step for p in plans] == list(range(len(plans)))  # what the rates and the warm-up follow
     for before, plan in zip([None] + plans[:-1], plans):
         switched = before is not None and before.fae.kind != plan.fae.kind
         new_pair = before is not None and before.fae.pair != plan.fae.pair

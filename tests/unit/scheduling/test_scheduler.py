@@ -117,7 +117,7 @@ def test_cache_smaller_than_a_working_set_is_refused(criteo_like):
 
 def test_unsupported_settings_say_so(criteo_like):
     store = BatchStore(criteo_like)
-    with pytest.raises(SchedulerError, match="use data.test_fraction > 0"):
+    with pytest.raises(SchedulerError, match="use data.validation_fraction > 0 or data.test_fraction > 0"):
         modes.scheduler_for(_config(criteo_like, "scheduler.mode=fae", "data.test_fraction=0"),
                             cardinalities=store.cardinalities)
     with pytest.raises(SchedulerError, match="staleness=2 applies to mode het"):
