@@ -15,7 +15,7 @@ from typing import Optional
 
 
 from hybrid.config import Config, LaiaOrder, LaiaScoring, LaiaVariant, Mode, SyncMode
-from hybrid.modes.base import TrainingMode, WorkerContext
+from hybrid.modes.base import TrainingMode, WorkerContext, run_length
 from hybrid.modes.fae import Fae
 from hybrid.modes.herald import Herald, Laia, Plan
 from hybrid.modes.het import Het
@@ -25,7 +25,7 @@ from hybrid.scheduling.scheduler import Scheduler
 
 MODES: dict[Mode, type[TrainingMode]] = {mode.name: mode for mode in (Vanilla, Laia, Plan, Herald, Het, Fae)}
 
-__all__ = ["MODES", "TrainingMode", "WorkerContext", "check", "get", "run_label", "scheduler_for"]
+__all__ = ["MODES", "TrainingMode", "WorkerContext", "check", "get", "run_label", "run_length", "scheduler_for"]
 
 
 def get(mode: Mode) -> type[TrainingMode]:

@@ -123,17 +123,18 @@ class TrainingMode(abc.ABC):
         return Scheduler.from_config(config, cardinalities=cardinalities, policy=cls.schedule, worker=worker)
 
     @classmethod
-    def simulation(cls, config: Config, store: BatchStore, losses: Optional[list] = None):
-        """(scheduler, batches of ids, the run's iterations) for ``hybrid simulate``; ``losses``: FAE's."""
+    def simulation(cls, config: Config, store: BatchStore, length: int, losses: Optional[list] = None):
+        """(scheduler, the batches of ids of ``length`` iterations) for ``hybrid simulate``; ``losses``: FAE's."""
         scheduler = cls.scheduler_for(config, cardinalities=store.cardinalities)
-        return scheduler, (b.sparse for b in cls._store_order(config, store)), run_length(config, store)
+        return scheduler, (b.sparse for b in cls._store_order(config, store, stop_batch=length))
 
     @staticmethod
-    def _store_order(config: Config, store: BatchStore, start_batch: int = 0) -> Iterator[GlobalBatch]:
-        """The run's global batches, epoch after epoch: in file order, or shuffled afresh each epoch with
-        ``data.shuffle`` (the same on every rank)."""
+    def _store_order(config: Config, store: BatchStore, start_batch: int = 0,
+                     stop_batch: Optional[int] = None) -> Iterator[GlobalBatch]:
+        """The global batches up to ``stop_batch`` (default: the run's), epoch after epoch: in file order, or
+        shuffled afresh each epoch with ``data.shuffle`` (the same on every rank)."""
         return store.batches(config.global_batch, shuffle=config.data.shuffle, seed=config.data.shuffle_seed,
-                             start_batch=start_batch, stop_batch=run_length(config, store))
+                             start_batch=start_batch, stop_batch=stop_batch or run_length(config, store))
 
     # ----------------------------------------------------------- worker side
     def __init__(self, context: WorkerContext):

@@ -30,7 +30,7 @@ import numpy as np
 
 from hybrid.config import Config, Mode
 from hybrid.data.store import BatchStore, GlobalBatch
-from hybrid.modes.base import WorkerContext, run_length
+from hybrid.modes.base import WorkerContext
 from hybrid.modes.vanilla import Vanilla
 from hybrid.scheduling.fae_order import LossFeed, MiniBatches, fae_batches, replayed_batches, strip_order
 from hybrid.scheduling.fae_plans import FaeScheduler, FaeStep, calibration_for
@@ -110,19 +110,20 @@ class Fae(Vanilla):
                                  "use data.validation_fraction > 0 or data.test_fraction > 0")
 
     @classmethod
-    def simulation(cls, config: Config, store: BatchStore, losses: Optional[list] = None):
-        """FAE's scheduler and its strips over ``store``, the strips laid out with ``losses`` (or none).
+    def simulation(cls, config: Config, store: BatchStore, length: int, losses: Optional[list] = None):
+        """FAE's scheduler and its strips over ``store`` (without end: the caller takes ``length``), laid out
+        with ``losses`` (or none).
 
         The strip lengths follow the held-out loss, which only training
         measures: without ``losses`` (per pair, as a run logged them) the
-        rate stays at its start. The run's length is the default, as in training.
+        rate stays at its start.
         """
         calibration = calibration_for(config, store, say=lambda *_: None)
         scheduler = FaeScheduler(cls.scheduler_for(config, cardinalities=store.cardinalities),
                                  calibration.hot_rows)
         batches = replayed_batches(store, calibration.hot_inputs, config.global_batch,
                                    shuffle=config.data.shuffle, seed=config.data.shuffle_seed, losses=losses)
-        return scheduler, batches, run_length(config, store)
+        return scheduler, batches
 
     def __init__(self, context: WorkerContext):
         roles = context.roles

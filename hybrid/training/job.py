@@ -85,7 +85,7 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
                          f"global batch of {config.global_batch} (cluster.workers x train.batch_per_worker); "
                          f"use a larger store or a smaller batch")
     modes.check(config, train.cardinalities)  # before any collective allocation, on every rank alike
-    iterations = config.run_length(train.num_batches(config.global_batch))  # past one pass: epoch after epoch
+    iterations = modes.run_length(config, train)  # past one pass: epoch after epoch
     if config.train.checkpoint_every:
         _check_checkpoint_room(config, roles, plan.n_rows * config.row_bytes)
     checkpoint = _resume_point(config, roles, fingerprint, plan) if resume else None

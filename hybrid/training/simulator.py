@@ -26,12 +26,10 @@ def simulate_mode(config: Config, store: BatchStore, mode: Mode, iterations: int
     measures: ``fae_losses`` (per pair, as a run logged them) lays out the
     run's strips; without them the rate stays at its start.
     """
-    scheduler, batches, pass_length = modes.get(mode).simulation(config, store, fae_losses)
-    iterations = iterations or pass_length
-    if iterations:
-        batches = itertools.islice(batches, iterations)
+    length = iterations or modes.run_length(config, store)  # past one pass: epoch after epoch, as in training
+    scheduler, batches = modes.get(mode).simulation(config, store, length, fae_losses)
     counts, seen = Figures(), 0
-    for plan in scheduler.plans(batches):
+    for plan in scheduler.plans(itertools.islice(batches, length)):
         seen += 1
         if plan.step >= config.scheduler.warmup_iterations:
             counts.add(plan)

@@ -155,6 +155,17 @@ def test_herald_cuts_transmissions_on_data_with_locality(criteo_like):
     assert herald.hit_rate > vanilla.hit_rate
 
 
+@pytest.mark.parametrize("mode", [Mode.herald, Mode.fae])
+def test_simulate_counts_the_runs_epochs_and_any_length_past_one_pass(criteo_like, mode):
+    config = _config(criteo_like, "train.epochs=2", "fae.heldout_samples=64")
+    store = BatchStore.of(config.data, "train")
+    per_epoch = store.num_batches(config.global_batch)
+    warmup = config.scheduler.warmup_iterations
+    assert simulate(config, [mode])[mode].iterations == 2 * per_epoch - warmup  # the run's length by default
+    longer = _config(criteo_like, f"train.iterations={2 * per_epoch + 7}")
+    assert simulate(longer, [mode], iterations=3 * per_epoch + 5)[mode].iterations == 3 * per_epoch + 5 - warmup
+
+
 def test_simulate_json_counts_each_case_and_the_table_goes_to_stderr(criteo_like, capsys):
     assert main(["simulate", "--config", "configs/w1-smoke.yaml", f"data.path={criteo_like}",
                  "--workers", "4", "--iterations", "30", "--modes", "vanilla,herald,herald+scheduler.sync=p2p",
