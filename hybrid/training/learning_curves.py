@@ -49,10 +49,22 @@ def train_loss_points(steps: Sequence[int], loss_sums: np.ndarray, samples: Sequ
 
 
 def plot(summaries: Sequence[dict], labels: Sequence[str], out: Path) -> Path:
-    """Train loss and AUC against iterations for each summary, one figure, two panels; returns ``out``.
+    """:func:`draw` the summaries into the PNG ``out``; returns ``out``."""
+    import matplotlib.pyplot as plt
+
+    figure = draw(summaries, labels)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+    return out
+
+
+def draw(summaries: Sequence[dict], labels: Sequence[str]):
+    """Train loss and AUC against iterations for each summary: one figure, two panels.
 
     Solid lines: validation AUC (or the test split's mid-run AUC when the
-    run had no validation split); a marker: the final test AUC.
+    run had no validation split); a star: the final test AUC of the model
+    the run kept, at that model's iteration.
     """
     import matplotlib
 
@@ -82,7 +94,4 @@ def plot(summaries: Sequence[dict], labels: Sequence[str], out: Path) -> Path:
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=120)
-    plt.close(figure)
-    return out
+    return figure

@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 
-from hybrid.training.learning_curves import interval_ends, train_loss_points
+from hybrid.training.learning_curves import draw, interval_ends, train_loss_points
 
 
 def test_intervals_end_every_tenth_of_an_epoch_at_each_epochs_end_and_at_the_last_iteration():
@@ -32,6 +32,16 @@ def _summary(auc, best_step=None):
     return {"config": "c", "mode": "herald", "transmissions": {"rows": 1}, "iterations": 20, "start_step": 0,
             "evaluation": {"auc": auc}, "best": {"step": best_step, "epoch": 1.0, "auc": auc} if best_step else None,
             "curves": curves}
+
+
+def test_each_run_draws_its_loss_its_validation_auc_and_a_star_at_the_kept_models_test_auc():
+    figure = draw([_summary(0.7), _summary(0.72, best_step=9)], ["one", "two"])
+    loss_axis, auc_axis = figure.axes
+    assert [(list(line.get_xdata()), list(line.get_ydata())) for line in loss_axis.lines] == \
+        [([10, 20], [0.6, 0.5])] * 2
+    points = [(line.get_label(), list(line.get_xdata()), list(line.get_ydata())) for line in auc_axis.lines]
+    assert points == [("one (validation mid-run)", [10, 20], [0.7, 0.71]), ("one: test 0.7000", [20], [0.7]),
+                      ("two (validation mid-run)", [10, 20], [0.72, 0.73]), ("two: test 0.7200", [10], [0.72])]
 
 
 def test_hybrid_plot_draws_several_runs_into_one_png_and_refuses_a_summary_without_curves(tmp_path):
