@@ -368,8 +368,9 @@ def preprocess(inputs: Sequence[str | Path], out_dir: str | Path, *, format_name
         _prepare_work_dir(workdir, parts)
     pool.barrier()
     try:
-        return _run(parts, {str(p): f for p, f in zip(paths, formats)}, fmt, workdir, out_dir, options, min_count, keep_file_order, force, pool, report,
-                    {} if facts is None else facts)
+        format_of = {str(p): f for p, f in zip(paths, formats)}
+        return _run(parts, format_of, fmt, workdir, out_dir, options, min_count, keep_file_order, force, pool,
+                    report, {} if facts is None else facts)
     except (FormatError, StoreError, ValueError):
         pool.stop()  # no worker may write into the work directory once it is gone
         pool.barrier()  # every rank raised the same error; none still reads the work directory

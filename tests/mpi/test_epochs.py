@@ -135,7 +135,8 @@ def test_the_run_tests_the_model_of_its_best_validation_auc_as_its_checkpoint_sc
     world = MPI.COMM_WORLD
     out = Path(world.bcast(str(tmp_path_factory.mktemp("best")) if world.rank == 0 else None))
     fractions = ("data.validation_fraction=0.2", "data.test_fraction=0.2")
-    per_epoch = BatchStore.of(_config(store_path, *fractions).data, "train").num_batches(_config(store_path).global_batch)
+    probe = _config(store_path, *fractions)
+    per_epoch = BatchStore.of(probe.data, "train").num_batches(probe.global_batch)
     # rates at which this store's validation AUC peaks in epoch 2 or 3 and then falls, on 2-4 workers
     config = _config(store_path, *fractions, "scheduler.mode=herald", "train.epochs=10", "train.lr_schedule=constant",
                      "train.lr_warmup=0", "train.embedding_lr=2", "train.dense_lr=0.5",

@@ -64,7 +64,8 @@ def _layout(n_cold, n_hot, losses=None, passes=2):
         asked.append((pair, len(produced)))
         return None if losses is None else losses[pair]
 
-    for positions, strip in itertools.islice(strip_order(lambda p: batches, ShuffleSchedule(), loss), passes * (n_cold + n_hot)):
+    order = strip_order(lambda p: batches, ShuffleSchedule(), loss)
+    for positions, strip in itertools.islice(order, passes * (n_cold + n_hot)):
         produced.append((strip.kind, strip.pair, strip.last, int(positions[0])))
     return produced, asked
 
