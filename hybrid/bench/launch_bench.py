@@ -18,8 +18,10 @@ Every path runs from the repository root (the templates need it), so
 relative paths in the overrides are read from there. Paths alternate within each repeat and the report keeps medians, so a noisy
 machine slows them alike. Per path: samples/s (median), its ratio to the
 fastest path (the median of the ratios within each repeat),
-allreduce and barrier ms per iteration, and what the ranks decided about
-waiting (the summary's ``launch``).
+allreduce and barrier ms per iteration, how far apart the workers finished
+starting (the clock starts after the last one: that skew is reported, not
+counted as training), and what the ranks decided about waiting (the
+summary's ``launch``).
 """
 from __future__ import annotations
 
@@ -144,6 +146,9 @@ def report(path: LaunchPath, summaries: list[dict]) -> dict:
             "samples_per_s_runs": [s["throughput"] for s in summaries],
             "allreduce_ms": round(statistics.median(s["iteration_ms"]["allreduce"] for s in summaries), 3),
             "barrier_ms": round(statistics.median(s["iteration_ms"]["barrier"] for s in summaries), 3),
+            # how far apart the workers finished starting (worker 0's clock starts after the last one)
+            "start_skew_s": round(statistics.median(max(r.get("start_wait_s", 0.0) for r in s["ranks"])
+                                                    for s in summaries), 3),
             "auc": (last["evaluation"] or {}).get("auc"), "transmissions": last["transmissions"]["rows"],
             "launch": last.get("launch")}
 
@@ -173,13 +178,13 @@ def run(*, config: str, overrides=(), repeats: int = 3, names=None, say=print) -
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{'launch path':<24}{'samples/s':>10}{'of best':>8}{'allreduce':>10}{'barrier':>9}  "
+    lines = [f"{'launch path':<24}{'samples/s':>10}{'of best':>8}{'allreduce':>10}{'barrier':>9}{'skew s':>7}  "
              f"how the ranks wait (ranks on host x threads vs cores: who decided)"]
     for r in result["paths"]:
         launch = r["launch"] or {}
         wait = f"{'yield' if launch.get('yields') else 'spin'} ({launch.get('decided_by', 'not reported')})"
         lines.append(f"{r['path']:<24}{r['samples_per_s']:>10.0f}{r['of_fastest']:>8.2f}{r['allreduce_ms']:>10.2f}"
-                     f"{r['barrier_ms']:>9.2f}  {wait}")
+                     f"{r['barrier_ms']:>9.2f}{r['start_skew_s']:>7.2f}  {wait}")
     skipped = "".join(f"\nnot run: {name}: {why}" for name, why in result["skipped"].items())
     return (f"{result['config']} {' '.join(result['overrides'])}: {result['ranks']} ranks, median of "
             f"{result['repeats']} (of best: median of per-repeat ratios); ms per iteration\n" + "\n".join(lines) + skipped)

@@ -197,6 +197,10 @@ def _train(config: Config, trainer: HybridTrainer, splits: dict, iterations: int
         if log_file is not None:
             log_file.write(json.dumps(record) + "\n")
 
+    if not trainer.roles.is_ps:  # the clock starts once every worker is ready: start-up skew is not training
+        arrived = time.perf_counter()
+        trainer.roles.worker_barrier()
+        trainer.start_wait_seconds = time.perf_counter() - arrived
     try:
         links = link_bytes()
         start = time.perf_counter()
@@ -256,10 +260,12 @@ def _launch_report(roles, launch: Optional[LaunchFacts]) -> dict:
 
 
 def _rank_report(trainer: HybridTrainer) -> dict:
-    """This rank's start-up time and peak resident memory (Linux reports kilobytes)."""
+    """This rank's start-up time, its wait for the other workers before the clock started, and peak
+    resident memory (Linux reports kilobytes)."""
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"rank": trainer.roles.rank, "role": "ps" if trainer.roles.is_ps else "worker",
-            "startup_s": round(trainer.startup_seconds, 3), "peak_rss_mb": round(peak_kb / 1024, 1)}
+            "startup_s": round(trainer.startup_seconds, 3), "start_wait_s": round(trainer.start_wait_seconds, 3),
+            "peak_rss_mb": round(peak_kb / 1024, 1)}
 
 
 def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds: float,

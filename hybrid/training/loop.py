@@ -161,6 +161,7 @@ class HybridTrainer:
                                     versions=mode.store_versions, plan=plan)
         self.hvd = init_horovod(roles)
         self.last_loss = 0.0
+        self.start_wait_seconds = 0.0  # workers: the wait for the others before the clock starts (job._train)
         self._served = False  # the workers have released the PS ranks (end_service)
         self.mode = None  # workers: the mode's worker side (hybrid.modes), called at the loop's fixed points
         self.scored_tables = None  # workers with adaptive LAIA under scheduler.budget_ms: the count agreed on

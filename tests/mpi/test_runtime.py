@@ -1,6 +1,7 @@
 """The training runtime across ranks: identical plans, counts equal to the simulator, start-up checks."""
 import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +131,31 @@ def test_the_training_summary_reports_the_simulators_figures(store_path, mode, o
             "a row from a peer is a miss"
     assert (f"over all 30 iterations; after the 5 warm-up iterations, as hybrid simulate counts: "
             f"{simulated.transmissions} rows, hit rate {simulated.hit_rate:.1%}") in format_summary(summary)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+def test_the_clock_starts_when_every_worker_is_ready(store_path, tmp_path_factory, monkeypatch):
+    """Ranks finish starting at different times (srun starts them apart, imports contend for cores); that
+    skew is not training. The last worker starts 1.5 s late: worker 0 waits for it before its clock starts
+    (``start_wait_s``), not inside its first allreduce, where it would lower the throughput."""
+    world = MPI.COMM_WORLD
+    out = Path(world.bcast(str(tmp_path_factory.mktemp("late")) if world.rank == 0 else None))
+    delay, late_worker = 1.5, world.size - 2  # the last rank is the PS
+    if world.rank == late_worker:
+        starts = HybridTrainer.__init__
+
+        def late_start(self, *args, **kwargs):
+            starts(self, *args, **kwargs)
+            time.sleep(delay)
+        monkeypatch.setattr(HybridTrainer, "__init__", late_start)
+    summary = train_job.run(_config(store_path, "train.iterations=10"), progress=False,
+                            log_path=str(out / "log.jsonl"))
+    if world.rank == 0:
+        first = json.loads((out / "log.jsonl").read_text().splitlines()[0])
+        assert first["timing"]["allreduce"] < delay / 2
+        waits = {r["rank"]: r["start_wait_s"] for r in summary["ranks"]}
+        assert waits[0] >= delay * 0.9 and waits[late_worker] < delay / 2 and waits[world.size - 1] == 0.0
 
 
 @pytest.mark.mpi(min_size=3)

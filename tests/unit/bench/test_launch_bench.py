@@ -24,11 +24,12 @@ def test_the_table_names_each_paths_decision_and_its_share_of_the_fastest():
     result = {"config": "c.yaml", "overrides": ["scheduler.mode=herald"], "ranks": 4, "repeats": 3,
               "skipped": {"hetjob.sbatch": "example partitions"},
               "paths": [{"path": "train.sh", "samples_per_s": 60000.0, "of_fastest": 1.0, "allreduce_ms": 3.0,
-                         "barrier_ms": 1.0, "launch": launch},
+                         "barrier_ms": 1.0, "start_skew_s": 0.31, "launch": launch},
                         {"path": "train.sh --horovodrun", "samples_per_s": 57000.0, "of_fastest": 0.95,
-                         "allreduce_ms": 3.5, "barrier_ms": 1.1, "launch": {**launch, "yields": False}}]}
+                         "allreduce_ms": 3.5, "barrier_ms": 1.1, "start_skew_s": 0.05,
+                         "launch": {**launch, "yields": False}}]}
     table = launch_bench.format_table(result)
-    assert "train.sh --horovodrun        57000    0.95" in table
+    assert "train.sh --horovodrun        57000    0.95      3.50     1.10   0.05" in table
     assert "yield (hybrid: 4 ranks x 2 threads > 2 cores)" in table and "spin (" in table
     assert "not run: hetjob.sbatch: example partitions" in table
 
@@ -55,3 +56,4 @@ def test_horovodrun_and_a_plain_mpirun_that_sees_no_oversubscription_yield_here(
         assert launch["ranks_on_host"] == 3 and launch["measured"]["ranks_on_host"] == 3
         assert launch["yields"] and launch["decided_by"] == f"hybrid: 3 ranks x {cores + 1} threads > {cores} cores"
     assert "launch path" in result.stderr  # the table
+    assert all(r["start_skew_s"] >= 0 for r in document["paths"])
