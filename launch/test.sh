@@ -3,19 +3,29 @@
 # Any failure, or a run that collects no test (pytest exit 5), fails the script.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# stage NAME: starts the next stage; the seconds of every stage are printed at the end.
+timings=() current="set-up" began=$SECONDS
+stage() {
+    timings+=("$current: $((SECONDS - began)) s")
+    current=$1 began=$SECONDS
+    [ "$1" = end ] && { echo "== stages: $(IFS=';'; echo "${timings[*]}" | sed 's/;/; /g')"; return; }
+    echo "== $1"
+}
+
 bash "$ROOT/launch/setup.sh"
 source "${HYBRID_VENV:-$ROOT/.venv}/bin/activate"
 cd "$ROOT"
-echo "== unit tests"
+stage "unit tests"
 python -m pytest -q -p no:cacheprovider tests/unit
 
 # Mistakes a user makes (bad configs, damaged stores, wrong input files, files that are not what they
 # claim): each must end in seconds with one line that says what to do.
-echo "== robustness"
+stage robustness
 python -m pytest -q -p no:cacheprovider tests/robustness
 
 # The MPI tests also train on the real MovieLens-100k (from RecBole's wheel on PyPI, cached).
-echo "== real data"
+stage "real data"
 hybrid fetch movielens-100k --out data/ml-100k
 
 # 3 ranks: 2 workers + 1 PS and 1 worker + 2 PS; 4 ranks: 3 + 1 and 2 + 2; 5 ranks: 4 + 1 and 3 + 2.
@@ -23,11 +33,12 @@ hybrid fetch movielens-100k --out data/ml-100k
 # after 300 s (pytest-timeout, pyproject.toml); HYBRID_MPI_TIMEOUT bounds the whole run regardless.
 export HYBRID_MPI_TIMEOUT=${HYBRID_MPI_TIMEOUT:-600}
 for ranks in ${HYBRID_TEST_RANKS:-3 4 5}; do
-    echo "== MPI tests on $ranks ranks"
+    stage "MPI tests on $ranks ranks"
     bash launch/mpirun.sh -n "$ranks" python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi
 done
 
 # The sbatch templates under a real one-node Slurm on this machine (installed with apt-get if
 # missing; skipped, saying why, where it cannot run: not root).
-echo "== Slurm templates"
+stage "Slurm templates"
 bash tests/slurm/run_templates.sh
+stage end
