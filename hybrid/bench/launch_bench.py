@@ -15,8 +15,9 @@ the same config and overrides:
   after. ``hetjob.sbatch`` names example partitions and is not run.
 
 Every path runs from the repository root (the templates need it), so
-relative paths in the overrides are read from there. Paths alternate within each repeat and the report keeps medians, so a noisy
-machine slows them alike. Per path: samples/s (median), its ratio to the
+relative paths in the overrides are read from there. Paths alternate within
+each repeat and the report keeps medians, so a noisy machine slows them
+alike. Per path: samples/s (median), its ratio to the
 fastest path (the median of the ratios within each repeat),
 allreduce and barrier ms per iteration, how far apart the workers finished
 starting (the clock starts after the last one: that skew is reported, not
