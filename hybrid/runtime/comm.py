@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from hybrid.runtime.launch_facts import HostShare
+from hybrid.runtime.launch_facts import HostShare, idle_poll_seconds
 
 
 class RoleError(ValueError):
@@ -178,15 +178,18 @@ def _differing(versions: list[dict]) -> str:
     return f", differing in {shown}"
 
 
-def idle_barrier(comm: MPI.Comm, poll_seconds: float = 0.001) -> None:
+def idle_barrier(comm: MPI.Comm, poll_seconds: float | None = None) -> None:
     """A barrier that sleeps instead of spinning (collective).
 
     PS ranks wait out a whole training run in a barrier. MPI's blocking
     barrier polls at full speed and, with more ranks than cores, takes CPU
     from the workers; this one tests a non-blocking barrier every
-    ``poll_seconds`` (each test also drives MPI progress for passive-target
-    operations on transports that need it).
+    ``poll_seconds`` (None: :func:`idle_poll_seconds` for this MPI). Each
+    test also drives MPI progress for passive-target operations on the MPIs
+    that need it.
     """
+    if poll_seconds is None:
+        poll_seconds = idle_poll_seconds(MPI.Get_library_version())
     request = comm.Ibarrier()
     while not request.Test():
         time.sleep(poll_seconds)

@@ -2,9 +2,11 @@
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given, strategies as st
 
-from hybrid.runtime.launch_facts import YIELD_VARIABLE, HostShare, decide, launcher, prepare, ranks_on_host
+from hybrid.runtime.launch_facts import (POLL_VARIABLE, YIELD_VARIABLE, HostShare, decide, idle_poll_seconds,
+                                        launcher, prepare, ranks_on_host)
 
 NO_FILES = ()  # no MCA parameter files: only the environment speaks for the user
 
@@ -85,3 +87,14 @@ def test_deciding_does_not_start_mpi():
     code = ("import sys; from hybrid.runtime import launch_facts; import hybrid.cli; launch_facts.prepare(environ={}); "
             "assert 'mpi4py.MPI' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_waiting_ps_rank_polls_often_only_where_its_mpi_needs_it_and_the_users_setting_wins():
+    """MPICH completes a one-sided operation when the PS calls into MPI; Open MPI at the origin."""
+    assert idle_poll_seconds("MPICH Version:\t4.0.2\nMPICH Release date: ...", environ={}) == 1e-4
+    assert idle_poll_seconds("Open MPI v4.1.4, package: Debian OpenMPI", environ={}) == 1e-3
+    assert idle_poll_seconds("MPICH Version: 4.0.2", environ={POLL_VARIABLE: "20"}) == pytest.approx(2e-5)
+    assert idle_poll_seconds("Open MPI v4.1.4", environ={POLL_VARIABLE: ""}) == 1e-3  # empty: not set
+    for bad in ("0", "-5", "fast", "2e6"):
+        with pytest.raises(ValueError, match=f"{POLL_VARIABLE}='{bad}': give microseconds between 0 and 1e6"):
+            idle_poll_seconds("Open MPI v4.1.4", environ={POLL_VARIABLE: bad})
