@@ -148,7 +148,7 @@ def report(path: LaunchPath, summaries: list[dict]) -> dict:
             "allreduce_ms": round(statistics.median(s["iteration_ms"]["allreduce"] for s in summaries), 3),
             "barrier_ms": round(statistics.median(s["iteration_ms"]["barrier"] for s in summaries), 3),
             # how far apart the workers finished starting (worker 0's clock starts after the last one)
-            "start_skew_s": round(statistics.median(max(r.get("start_wait_s", 0.0) for r in s["ranks"])
+            "start_skew_s": round(statistics.median(max(r["start_wait_s"] for r in s["ranks"])
                                                     for s in summaries), 3),
             "auc": (last["evaluation"] or {}).get("auc"), "transmissions": last["transmissions"]["rows"],
             "launch": last.get("launch")}
