@@ -51,12 +51,13 @@ Nothing per iteration touches an array of table or cache size.
 """
 import hashlib
 
+cimport cython
 import numpy as np
 from cython.parallel cimport prange, threadid
 from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memset
 
-from atomics cimport and_u64, cas_i64, fetch_add_i64, fetch_or_u64, load_i64, store_i64
+from atomics cimport and_u64_if, cas_i64_if, fetch_add_i64, load_i64, or_u64_if, store_i64
 from counter_hash cimport mix64
 
 cdef extern from *:
@@ -66,8 +67,11 @@ cdef extern from *:
 
 # Rows are touched in random order, so the loops below are bound by memory
 # latency; they prefetch the row a few steps ahead to overlap the misses.
+# A loop that does little more than one lookup per step prefetches further
+# (FAR_AHEAD) to keep as many misses in flight.
 cdef enum:
     AHEAD = 8
+    FAR_AHEAD = 32
     LFU_BUCKETS = 256
     NEED_BLOCK = 64  # need indices a thread takes at once: threads share no counter and few cache lines
 
@@ -133,6 +137,7 @@ cdef int table_bits(int64_t entries):
     return bits
 
 
+@cython.final  # cdef methods called directly, so the C compiler inlines them
 cdef class ClusterState:
     """Holder sets of all rows and the caches of all workers; see the module docstring."""
     cdef readonly int n_workers
@@ -145,6 +150,7 @@ cdef class ClusterState:
     cdef public int focus                    # worker whose per-sample index set_needs builds (-1: none)
     cdef readonly bint annotate              # mark prefetchable pulls and hash the events (the runtime's needs)
     cdef readonly int threads                # OpenMP threads of set_needs, train and plan (results do not depend on it)
+    cdef bint shared                         # threads > 1: shared words are written atomically
     # HET (staleness >= 0; docs/design.md section 7): PS versions (updates pushed per row),
     # and per cache slot the version its value has seen and its updates not yet pushed
     cdef readonly int staleness
@@ -281,6 +287,7 @@ cdef class ClusterState:
         self.focus = focus
         self.annotate = annotate
         self.threads = threads
+        self.shared = threads > 1
 
         holders = np.zeros((n_rows, self.words), dtype=np.uint64)
         holders[:, 0] = 1  # L(e) = {PS}
@@ -369,10 +376,10 @@ cdef class ClusterState:
 
     # Workers' threads set and clear their own bits of rows other workers touch too: atomically.
     cdef inline void set_bit(self, int64_t row, int bit) noexcept nogil:
-        fetch_or_u64(&self.holders[row * self.words + (bit >> 6)], (<uint64_t>1) << (bit & 63))
+        or_u64_if(&self.holders[row * self.words + (bit >> 6)], (<uint64_t>1) << (bit & 63), self.shared)
 
     cdef inline void clear_bit(self, int64_t row, int bit) noexcept nogil:
-        and_u64(&self.holders[row * self.words + (bit >> 6)], ~((<uint64_t>1) << (bit & 63)))
+        and_u64_if(&self.holders[row * self.words + (bit >> 6)], ~((<uint64_t>1) << (bit & 63)), self.shared)
 
     cdef inline void set_only(self, int64_t row, int bit) noexcept nogil:
         """``L(row) = {bit}``; callers own the row for the moment (no other thread touches it)."""
@@ -569,7 +576,7 @@ cdef class ClusterState:
                         return tag & LOW32
             if (entry & ~LOW32) == epoch_bits:  # another row of this batch
                 i = (i + 1) & self.need_mask
-            elif cas_i64(&self.need_table[2 * i], entry, key):
+            elif cas_i64_if(&self.need_table[2 * i], entry, key, self.shared):
                 if self.need_claim[8 * thread] == self.need_claim[8 * thread + 1]:
                     self.need_claim[8 * thread] = fetch_add_i64(&self.n_need, NEED_BLOCK)
                     self.need_claim[8 * thread + 1] = self.need_claim[8 * thread] + NEED_BLOCK
@@ -602,7 +609,7 @@ cdef class ClusterState:
         while True:
             entry = load_i64(&self.written[base + i])
             if (entry & ~LOW32) != stamp:
-                if cas_i64(&self.written[base + i], entry, stamp | row):
+                if cas_i64_if(&self.written[base + i], entry, stamp | row, self.shared):
                     return
                 continue  # another thread took the entry: look at it again
             if (entry & LOW32) == row:
@@ -758,39 +765,50 @@ cdef class ClusterState:
     cdef int64_t collect_pairs(self, const int64_t[:, ::1] rows, int w, int thread) noexcept nogil:
         """Worker ``w``'s needed rows, in order of first use by its samples, at its samples' offset in the scratch.
 
-        Only ``w``'s thread sets ``w``'s bit of a row's need record, so the
-        first of its samples to use a row finds the bit clear: the order is
-        the batch's, whatever the threads. Returns the rows' count.
+        Two passes over ``w``'s (sample, table) entries, so that each keeps
+        its misses in flight: the first finds every entry's need index (the
+        needs table), the second reads the need records. Only ``w``'s thread
+        sets ``w``'s bit of a record, so the first of its samples to use a
+        row finds the bit clear: the order is the batch's, whatever the
+        threads. Returns the rows' count.
         """
-        cdef int64_t n_tables = rows.shape[1], base = self.sample_start[w] * n_tables, n = 0, entry = 0
-        cdef int64_t j, i, t, e, need
+        cdef int64_t n_tables = rows.shape[1], base = self.sample_start[w] * n_tables, n = 0, k = 0
+        cdef int64_t entries = (self.sample_start[w + 1] - self.sample_start[w]) * n_tables, j, t, i, need
+        cdef int64_t last = self.sample_start[w + 1]
         cdef int bit = w + 1
         cdef uint64_t flag = (<uint64_t>1) << (bit & 63)
         cdef bint focus = w == self.focus
-        for j in range(self.sample_start[w], self.sample_start[w + 1]):
-            i = self.sample_order[j]
-            # overlap misses: the rows of the sample after next, the table entries of the next one
-            if j + 2 < self.sample_start[w + 1]:
+        for j in range(self.sample_start[w], last):  # tmp_need[base + k]: entry k's need index
+            if j + 4 < last:  # the ids of the fourth sample on, the needs-table entries of the second
                 for t in range(0, n_tables, 8):
-                    prefetch(&rows[self.sample_order[j + 2], t])
-            if j + 1 < self.sample_start[w + 1]:
+                    prefetch(&rows[self.sample_order[j + 4], t])
+            if j + 2 < last:
+                i = self.sample_order[j + 2]
                 for t in range(n_tables):
-                    prefetch(&self.need_table[2 * fib_home(rows[self.sample_order[j + 1], t], self.need_shift)])
+                    prefetch(&self.need_table[2 * fib_home(rows[i, t], self.need_shift)])
+            i = self.sample_order[j]
             for t in range(n_tables):
-                e = rows[i, t]
-                need = self.need_insert(e, thread)
-                # only this thread sets w's bit, so a plain read tells; a frequent row's record is then
-                # written once per worker, not once per sample (its cache line stays shared)
+                self.tmp_need[base + k] = <int32_t>self.need_insert(rows[i, t], thread)
+                k += 1
+        k = 0
+        for j in range(self.sample_start[w], last):  # compacts in place: pair n lands where entry k >= n was
+            i = self.sample_order[j]
+            for t in range(n_tables):
+                if k + FAR_AHEAD < entries:
+                    prefetch(&self.need_masks[self.tmp_need[base + k + FAR_AHEAD] * self.words + (bit >> 6)])
+                need = self.tmp_need[base + k]
+                # a plain read tells, and a frequent row's record is then written once per worker, not
+                # once per sample (its cache line stays shared)
                 if not (self.need_masks[need * self.words + (bit >> 6)] & flag):
-                    fetch_or_u64(&self.need_masks[need * self.words + (bit >> 6)], flag)
-                    self.tmp_row[base + n] = e
+                    or_u64_if(&self.need_masks[need * self.words + (bit >> 6)], flag, self.shared)
+                    self.tmp_row[base + n] = rows[i, t]
                     self.tmp_need[base + n] = <int32_t>need
                     if focus:
                         self.need_focus[need] = <int32_t>n
                     n += 1
                 if focus:
-                    self.focus_entry[entry] = self.need_focus[need]
-                    entry += 1
+                    self.focus_entry[k] = self.need_focus[need]
+                k += 1
         return n
 
     cdef int32_t count_trainers(self, int64_t need) noexcept nogil:
@@ -894,16 +912,11 @@ cdef class ClusterState:
         cdef int32_t s
         if last - first > self.capacity:
             return self.n_rows
-        # Pin: touch every cached row needed now, so the LRU tail holds only unneeded rows.
+        self.find_slots(w, first, last)
+        self.pin(w, first, last)
         for p in range(first, last):
             if p + AHEAD < last:
-                prefetch(&self.table[w * self.table_size + self.home(self.pair_row[p + AHEAD])])
                 prefetch(&self.holders[self.pair_row[p + AHEAD] * self.words])
-            s = self.find(w, self.pair_row[p])
-            self.pair_slot[p] = s
-            if s != EMPTY:
-                self.lru_touch(w, s)
-        for p in range(first, last):
             e = self.pair_row[p]
             if self.pair_source[p] == EMPTY:
                 if self.fresh(e, w):
@@ -928,7 +941,6 @@ cdef class ClusterState:
                 self.pair_slot[p] = s
             if self.pair_source[p] == EMPTY:
                 self.record(n, K_PULL, w, e, s, EMPTY)
-                self.ev_early[n] = self.annotate and not self.written_before(e)
                 kinds[K_PULL] += 1
                 self.set_bit(e, w + 1)
             else:
@@ -939,7 +951,61 @@ cdef class ClusterState:
             n += 1
         self.worker_fill[w] = n - start
         self.add_kinds(w, kinds)
+        self.mark_prefetchable(start, n)
         return -1
+
+    cdef void find_slots(self, int w, int64_t first, int64_t last) noexcept nogil:
+        """``pair_slot`` of pairs ``[first, last)``: their rows' slots in ``w``'s cache, or EMPTY.
+
+        Apart from the touches (a lookup changes nothing), so that each
+        loop keeps its misses in flight: the map entries here, the
+        replacement links in :meth:`pin`.
+        """
+        cdef int64_t p
+        for p in range(first, last):
+            if p + FAR_AHEAD < last:
+                prefetch(&self.table[w * self.table_size + self.home(self.pair_row[p + FAR_AHEAD])])
+            self.pair_slot[p] = self.find(w, self.pair_row[p])
+
+    cdef void pin(self, int w, int64_t first, int64_t last) noexcept nogil:
+        """Touch every cached row of pairs ``[first, last)`` in pair order, so the LRU tail holds only
+        rows not needed now. Prefetches the links of the slot ``FAR_AHEAD`` pairs on, then those of its
+        list neighbours ``FAR_AHEAD / 2`` pairs on (touches in between may move them: a prefetch is a
+        hint)."""
+        cdef int64_t p, b = w * self.capacity
+        cdef int32_t s, n
+        for p in range(first, last):
+            if p + FAR_AHEAD < last:
+                s = self.pair_slot[p + FAR_AHEAD]
+                if s != EMPTY:
+                    prefetch(&self.lru_prev[b + s])
+                    prefetch(&self.lru_next[b + s])
+            if p + FAR_AHEAD // 2 < last:
+                s = self.pair_slot[p + FAR_AHEAD // 2]
+                if s != EMPTY:
+                    n = self.lru_prev[b + s]
+                    if n != EMPTY:
+                        prefetch(&self.lru_next[b + n])
+                    n = self.lru_next[b + s]
+                    if n != EMPTY:
+                        prefetch(&self.lru_prev[b + n])
+            s = self.pair_slot[p]
+            if s != EMPTY:
+                self.lru_touch(w, s)
+
+    cdef void mark_prefetchable(self, int64_t start, int64_t end) noexcept nogil:
+        """``ev_early`` of the pulls among events ``[start, end)``: rows the previous iteration did not
+        write to the PS. A pass of its own, so that its lookups in the written set overlap."""
+        cdef int64_t n
+        cdef int64_t previous = self.iteration - 1
+        cdef int64_t base = (previous & 1) * self.written_size
+        if not self.annotate:
+            return
+        for n in range(start, end):
+            if n + FAR_AHEAD < end:
+                prefetch(&self.written[base + fib_home(self.ev_row[n + FAR_AHEAD], self.written_shift)])
+            if self.ev_kind[n] == K_PULL:
+                self.ev_early[n] = not self.written_before(self.ev_row[n])
 
     cdef void update(self) noexcept nogil:
         """Step 4: who holds the latest value of each trained row after the update.
@@ -966,7 +1032,13 @@ cdef class ClusterState:
         cdef int32_t pair
         cdef int64_t kinds[N_KINDS]  # counted here, added once: neighbours' counts share cache lines
         memset(kinds, 0, sizeof(kinds))
-        for p in range(self.worker_start[w], self.worker_start[w + 1]):
+        cdef int64_t last = self.worker_start[w + 1], written = (self.iteration & 1) * self.written_size
+        for p in range(self.worker_start[w], last):
+            if p + FAR_AHEAD < last:  # a shared row's reads: its trainers, its record, its written-set entry
+                need = self.pair_need[p + FAR_AHEAD]
+                prefetch(&self.need_trainers[need])
+                prefetch(&self.need_masks[need * self.words])
+                prefetch(&self.written[written + fib_home(self.pair_row[p + FAR_AHEAD], self.written_shift)])
             n = self.update_base + p
             pair = <int32_t>(p - self.worker_start[w])
             need = self.pair_need[p]
@@ -1025,12 +1097,10 @@ cdef class ClusterState:
         cdef int32_t s
         if last - first > self.capacity:
             return self.n_rows
-        for p in range(first, last):  # pin, as in pull_worker
-            s = self.find(w, self.pair_row[p])
-            self.pair_slot[p] = s
+        self.find_slots(w, first, last)
+        self.pin(w, first, last)
+        for p in range(first, last):
             self.pair_sync[p] = 0
-            if s != EMPTY:
-                self.lru_touch(w, s)
         for p in range(first, last):
             e = self.pair_row[p]
             s = self.pair_slot[p]
@@ -1055,12 +1125,12 @@ cdef class ClusterState:
                 self.install(w, e, s)
                 self.pair_slot[p] = s
             self.record(n, K_PULL, w, e, s, EMPTY)
-            self.ev_early[n] = self.annotate and not self.written_before(e)
             n += 1
             kinds[K_PULL] += 1
             self.slot_seen[cbase + s] = self.version[e]
         self.worker_fill[w] = n - start
         self.add_kinds(w, kinds)
+        self.mark_prefetchable(start, n)
         return -1
 
     cdef void update_het(self) noexcept nogil:
@@ -1186,8 +1256,10 @@ cdef class ClusterState:
         cdef int64_t p, e, need, count = 0
         cdef int owner, w
         for p in range(first, last):
-            if p + AHEAD < last:
-                prefetch(&self.holders[self.pair_row[p + AHEAD] * self.words])
+            if p + FAR_AHEAD < last:
+                prefetch(&self.holders[self.pair_row[p + FAR_AHEAD] * self.words])
+                prefetch(&self.need_masks[self.pair_need[p + FAR_AHEAD] * self.words])
+                prefetch(&self.need_trainers[self.pair_need[p + FAR_AHEAD]])
             self.tmp_need[p] = EMPTY
             e = self.pair_row[p]
             need = self.pair_need[p]
