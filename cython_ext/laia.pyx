@@ -13,6 +13,7 @@ The chunked form splits samples and capacities into a fixed number of chunks
 that are allocated independently (in parallel, without locks), so its result
 depends on the chunk count but never on the thread count.
 """
+cimport cython
 import numpy as np
 from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
@@ -30,6 +31,7 @@ cdef enum:
     COMMON = 2
     SWAP_TRIES = 4
     SWAP_ROOM = 8        # (row, worker) slots per batch entry when swapping: greedy fills at most 1/8
+    MIN_TABLE = 4096     # entries of the smallest distinct-row table (BatchCosts)
 
 
 def score(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
@@ -181,6 +183,14 @@ cdef int64_t LOW32 = (<int64_t>1 << 32) - 1
 cdef int64_t PENDING = LOW32  # BatchCosts.distinct: an entry claimed, its index not yet published
 
 
+cdef int table_bits(int64_t entries) noexcept nogil:
+    """log2 of the smallest power of two >= ``entries`` (at least 1)."""
+    cdef int bits = 0
+    while (<int64_t>1 << bits) < entries:
+        bits += 1
+    return bits
+
+
 cdef inline int64_t fib_slot(int64_t key, int64_t mask) noexcept nogil:
     """Home of ``key`` in a power-of-two table of ``mask + 1`` entries (as :func:`probe`)."""
     return <int64_t>((<uint64_t>key * <uint64_t>0x9E3779B97F4A7C15ULL) >> 20) & mask
@@ -200,6 +210,56 @@ cdef enum:
     HEAD = 2             # uint64 words the int32 fields take: a record of 3 holder words fills 64 bytes
 
 
+@cython.final  # cdef methods called directly, so the C compiler inlines them
+cdef class CostScratch:
+    """The memory of a :class:`BatchCosts`, kept from batch to batch (one live BatchCosts at a time).
+
+    A batch's tables and records take tens of MB (64 bytes per batch entry
+    and more); fresh pages each batch cost the kernel's page clearing more
+    than the scoring itself. Kept, only the entries the last batch used are
+    cleared: its distinct rows, not the table's size.
+    """
+    cdef int64_t[::1] keys                   # row << 32 | index, -1 where free
+    cdef int64_t[::1] taken                  # per distinct row: its entry in keys (what to clear next time)
+    cdef int64_t n_taken
+    cdef int64_t last_distinct               # distinct rows of the last batch: sizes the next table
+    cdef int32_t[::1] ids, seen
+    cdef object record_memory
+    cdef uint64_t* records                   # 64-byte aligned
+
+    def __init__(self):
+        self.keys = np.full(16, -1, dtype=np.int64)
+        self.taken = np.zeros(1, dtype=np.int64)
+        self.n_taken = self.last_distinct = 0
+        self.ids = np.zeros(1, dtype=np.int32)
+        self.seen = np.zeros(1, dtype=np.int32)
+        self.record_memory = None
+
+    cdef void reserve(self, int64_t entries, int64_t size, int64_t stride, int threads):
+        """Room for a batch of ``entries`` (sample, table) entries and a table of ``size`` entries, all
+        free: half as many distinct rows, records of ``stride`` words, and a row more per thread (each
+        may pass the limit by one)."""
+        cdef int64_t u, rows = size // 2 + threads
+        cdef uint64_t[::1] memory
+        if self.keys.shape[0] != size:
+            self.keys = np.full(size, -1, dtype=np.int64)
+        else:
+            with nogil:
+                for u in range(self.n_taken):
+                    self.keys[self.taken[u]] = -1
+        self.n_taken = 0
+        if self.ids.shape[0] < entries:
+            self.ids = np.empty(entries, dtype=np.int32)
+        if self.seen.shape[0] < rows:
+            self.seen = np.empty(rows, dtype=np.int32)  # a row's count is set at its first sight
+            self.taken = np.empty(rows, dtype=np.int64)
+        if self.record_memory is None or len(self.record_memory) < rows * stride + 8:
+            self.record_memory = np.empty(rows * stride + 8, dtype=np.uint64)  # filled at first sight
+            memory = self.record_memory
+            self.records = &memory[(8 - (<size_t>&memory[0] // 8) % 8) % 8]
+
+
+@cython.final  # cdef methods called directly, so the C compiler inlines them
 cdef class BatchCosts:
     """The distinct rows of one global batch, who trains them, and what a placement adds (:func:`allocate_cost`).
 
@@ -215,20 +275,23 @@ cdef class BatchCosts:
     """
     cdef int n_workers, words, n_tables
     cdef int64_t full_set, common, n_distinct, mask, pair_mask, pair_used, stamp, stride
+    cdef int64_t limit                       # distinct rows the table takes (half its entries)
+    cdef bint overflow                       # the table reached its limit: build again, larger
     cdef bint counts_pairs
     cdef int64_t n_slices                    # bits of the largest saving of a sample (3 per table)
-    cdef int64_t[::1] keys, pair_keys, extra
+    cdef int64_t[::1] keys, pair_keys, extra, taken
     cdef uint64_t[::1] saving                # costs(): n_slices x words
     cdef int32_t[::1] ids, seen, pair_count, visited
-    cdef object record_memory
+    cdef CostScratch scratch
     cdef uint64_t* records                   # stride words per distinct row: HEAD, fresh[words], trains[words]
     cdef BatchCosts previous
 
     def __init__(self, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
                  const int32_t[::1] tables, bint full_set, BatchCosts previous=None, int pair_room=2,
-                 int threads=1):
+                 int threads=1, CostScratch scratch=None):
         """``pair_room``: (row, worker) slots per entry of the batch; above 2, room for moves (:meth:`can_move`).
-        ``threads`` find the distinct rows (the costs do not depend on it)."""
+        ``threads`` find the distinct rows (the costs do not depend on it). ``scratch``: memory to reuse
+        (this board then owns it until another takes it)."""
         cdef Py_ssize_t n_samples = rows.shape[0], i, k
         self.n_workers, self.words, self.n_tables, self.full_set = n_workers, words, tables.shape[0], full_set
         self.common = COMMON * n_workers
@@ -238,34 +301,49 @@ cdef class BatchCosts:
         self.counts_pairs = pair_room > 2
         while self.counts_pairs and pair_size < pair_room * entries:
             pair_size <<= 1
-        self.mask, self.pair_mask, self.pair_used = size - 1, pair_size - 1, 0
-        self.keys = np.full(size, -1, dtype=np.int64)
+        self.pair_mask, self.pair_used = pair_size - 1, 0
         self.pair_keys = np.full(pair_size, -1, dtype=np.int64)
         self.pair_count = np.zeros(pair_size, dtype=np.int32)
-        self.ids = np.empty(entries, dtype=np.int32)
         self.visited = np.zeros(entries if self.counts_pairs else 1, dtype=np.int32)  # the swap pass's
-        self.seen = np.zeros(entries, dtype=np.int32)  # apart from the records: threads count while others fill
         self.stride = HEAD + 2 * words
         # records aligned to 64 bytes: with up to 191 workers (3 words) a record is one cache line
-        self.record_memory = np.empty(entries * self.stride + 8, dtype=np.uint64)  # filled at first sight
-        cdef uint64_t[::1] memory = self.record_memory
-        self.records = &memory[(8 - (<size_t>&memory[0] // 8) % 8) % 8]
+        self.scratch = CostScratch() if scratch is None else scratch
         self.extra = np.zeros(n_workers, dtype=np.int64)
         self.n_slices = 1
         while (1 << self.n_slices) <= 3 * max(1, self.n_tables):
             self.n_slices += 1
         self.saving = np.zeros(self.n_slices * words, dtype=np.uint64)
-        self.n_distinct = 0
         self.stamp = 0
         self.previous = previous
+        # A table for the distinct rows the last batch had, not for the batch's entries: batches repeat
+        # rows (Criteo-like: 1 distinct row in 15 to 45 entries), and a table that fits the caches
+        # saves a miss per entry. One that fills up is rebuilt four times larger.
+        size = min(size, max(MIN_TABLE, 1 << (1 + table_bits(self.scratch.last_distinct))))
+        while not self.find_distinct(holders, rows, tables, entries, size, threads):
+            size *= 4
+        self.scratch.last_distinct = self.n_distinct
+
+    cdef bint find_distinct(self, const uint64_t[::1] holders, const int64_t[:, ::1] rows,
+                            const int32_t[::1] tables, int64_t entries, int64_t size, int threads):
+        """The batch's distinct rows in a table of ``size`` entries; False if it filled past half."""
+        cdef Py_ssize_t n_samples = rows.shape[0], i, k
+        cdef int64_t words = self.words
         cdef bint shared = threads > 1
+        self.scratch.reserve(entries, size, self.stride, threads)
+        self.keys, self.taken, self.ids, self.records = \
+            self.scratch.keys, self.scratch.taken, self.scratch.ids, self.scratch.records
+        self.seen = self.scratch.seen  # apart from the records: threads count while others fill
+        self.mask, self.limit, self.n_distinct, self.overflow = size - 1, size // 2, 0, False
         with nogil:
             for i in prange(n_samples, num_threads=threads, schedule="static"):
-                if i + 1 < n_samples:  # overlap the next sample's (random) entry misses
-                    for k in range(self.n_tables):
-                        prefetch(&self.keys[fib_slot(rows[i + 1, tables[k]], self.mask)])
+                if i + 2 < n_samples:  # overlap the (random) misses of the sample after next: its entries
+                    for k in range(self.n_tables):  # and, read at a row's first sight, its holders
+                        prefetch(&self.keys[fib_slot(rows[i + 2, tables[k]], self.mask)])
+                        prefetch(&holders[rows[i + 2, tables[k]] * words])
                 for k in range(self.n_tables):
-                    self.ids[i * self.n_tables + k] = self.distinct(holders, rows[i, tables[k]], shared)
+                    self.ids[i * self.n_tables + k] = self.distinct(&holders[0], rows[i, tables[k]], shared)
+        self.scratch.n_taken = self.n_distinct
+        return not self.overflow
 
     cdef inline uint64_t* record(self, int64_t u) noexcept nogil:
         return self.records + u * self.stride
@@ -290,7 +368,7 @@ cdef class BatchCosts:
                 return entry & LOW32
             h = (h + 1) & self.mask
 
-    cdef int32_t distinct(self, const uint64_t[::1] holders, int64_t row, bint shared) noexcept nogil:
+    cdef int32_t distinct(self, const uint64_t* holders, int64_t row, bint shared) noexcept nogil:
         """Index of ``row`` among the batch's distinct rows; first sight copies its holders and dirty owner.
 
         Entries pack ``row << 32 | index``. With ``shared``, threads insert at
@@ -304,14 +382,21 @@ cdef class BatchCosts:
         while True:
             entry = load_i64(&self.keys[h]) if shared else self.keys[h]
             if entry == -1:
+                if (load_i64(&self.n_distinct) if shared else self.n_distinct) >= self.limit:
+                    self.overflow = True  # threads pass the limit by one row each at most
+                    return 0
                 if shared:
                     if not cas_i64(&self.keys[h], -1, (row << 32) | PENDING):
                         continue  # another thread took the entry: look at it again
                     u = fetch_add_i64(&self.n_distinct, 1)
+                    self.seen[u] = 0  # before the index is published: others count from then on
+                    self.taken[u] = h
                     store_i64(&self.keys[h], (row << 32) | u)
                 else:
                     u = self.n_distinct
                     self.n_distinct += 1
+                    self.seen[u] = 0
+                    self.taken[u] = h
                     self.keys[h] = (row << 32) | u
                 break
             if (entry >> 32) == row:
@@ -496,7 +581,7 @@ cdef class BatchCosts:
 
 def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
                   const int32_t[::1] tables, const int64_t[::1] capacity, uint64_t seed, uint64_t iteration,
-                  order=None, bint full_set=False, int swap_rounds=0, int threads=1):
+                  order=None, bint full_set=False, int swap_rounds=0, int threads=1, CostScratch scratch=None):
     """Each sample to the worker where it adds the fewest transmissions, given the samples placed before it.
 
     The cost of placing a sample on worker ``w`` sums over its rows (in
@@ -517,7 +602,8 @@ def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, cons
     are broken as in Algorithm 1, by a hash of (seed, iteration, sample).
     Then up to ``swap_rounds`` rounds of :func:`swap_pass`. ``threads``
     find the batch's distinct rows; samples are placed one after another,
-    so the result does not depend on them. Returns int32 worker per sample.
+    so the result does not depend on them. ``scratch`` (a :class:`CostScratch`): memory to reuse from
+    the last call. Returns int32 worker per sample.
     """
     cdef Py_ssize_t n_samples = rows.shape[0], n_tables = tables.shape[0]
     if words * 64 < n_workers + 1:
@@ -529,7 +615,8 @@ def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, cons
     cdef int64_t[::1] steps = checked_order(capacity, n_samples, n_workers, order)
     cdef const int64_t* taken = &steps[0] if steps.shape[0] else NULL
     cdef BatchCosts board = BatchCosts(holders, words, n_workers, rows, tables, full_set,
-                                       pair_room=SWAP_ROOM if swap_rounds else 2, threads=threads)
+                                       pair_room=SWAP_ROOM if swap_rounds else 2, threads=threads,
+                                       scratch=scratch)
     alloc = np.empty(n_samples, dtype=np.int32)
     greedy(board, alloc, capacity, seed, iteration, taken)
     for k in range(swap_rounds):
@@ -618,22 +705,27 @@ cdef int64_t least_loaded(const uint64_t* candidates, int64_t words, const int64
 
 def lookahead_cost(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
                    const int32_t[::1] alloc, const int64_t[:, ::1] rows_next, const int32_t[::1] tables,
-                   const int64_t[::1] capacity_next, uint64_t seed, uint64_t iteration_next, bint full_set=False):
+                   const int64_t[::1] capacity_next, uint64_t seed, uint64_t iteration_next, bint full_set=False,
+                   CostScratch scratch=None, CostScratch scratch_next=None):
     """The reads of batch ``rows`` placed as ``alloc``, plus those of the next batch's greedy allocation
-    (arrival order) from the holders that placement leaves (the multi-batch look-ahead)."""
+    (arrival order) from the holders that placement leaves (the multi-batch look-ahead). The two
+    scratches (memory to reuse, see :func:`allocate_cost`) must differ."""
+    if scratch is not None and scratch is scratch_next:
+        raise ValueError("lookahead_cost scores two batches at once: give it two scratches")
     if alloc.shape[0] != rows.shape[0]:
         raise ValueError(f"alloc: expected {rows.shape[0]} samples, got {alloc.shape[0]}")
     if rows_next.shape[1] != rows.shape[1]:
         raise ValueError(f"rows_next has {rows_next.shape[1]} tables, rows {rows.shape[1]}")
     if capacity_next.shape[0] != n_workers or np.asarray(capacity_next).sum() != rows_next.shape[0]:
         raise ValueError(f"capacity_next must give {n_workers} workers room for {rows_next.shape[0]} samples")
-    cdef BatchCosts now = BatchCosts(holders, words, n_workers, rows, tables, full_set)
+    cdef BatchCosts now = BatchCosts(holders, words, n_workers, rows, tables, full_set, scratch=scratch)
     cdef int64_t i
     for i in range(rows.shape[0]):
         if alloc[i] < 0 or alloc[i] >= n_workers:
             raise ValueError(f"alloc[{i}] = {alloc[i]} is not a worker in [0, {n_workers})")
         now.move(i, alloc[i], 1)
-    cdef BatchCosts after = BatchCosts(holders, words, n_workers, rows_next, tables, full_set, previous=now)
+    cdef BatchCosts after = BatchCosts(holders, words, n_workers, rows_next, tables, full_set, previous=now,
+                                       scratch=scratch_next)
     greedy(after, np.empty(rows_next.shape[0], dtype=np.int32), capacity_next, seed, iteration_next, NULL)
     return now.batch_cost() + after.batch_cost()
 

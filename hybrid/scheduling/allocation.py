@@ -112,6 +112,7 @@ class LaiaAllocation(AllocationPolicy):
         self.tables: np.ndarray | None = None
         self._scores = np.zeros((0, self.n_workers), dtype=np.int32)
         self._layouts: dict[int, tuple] = {}  # batch size -> (capacity, chunk starts, chunk capacities)
+        self._scratch = (laia.CostScratch(), laia.CostScratch()) if cost else None  # cost scoring's memory
 
     def allocate(self, rows: np.ndarray, iteration: int, upcoming: np.ndarray | None = None) -> np.ndarray:
         n = len(rows)
@@ -144,16 +145,17 @@ class LaiaAllocation(AllocationPolicy):
         margins = margin_order(self._scores, self.threads) if self.confident or self.looks_ahead else None
         orders = (margins, None) if self.confident else (None, margins)
         alloc = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
-                                   order=orders[0], threads=self.threads, **common)
+                                   order=orders[0], threads=self.threads, scratch=self._scratch[0], **common)
         if not self.looks_ahead or upcoming is None:
             return alloc
         other = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
-                                   order=orders[1], threads=self.threads, **common)
+                                   order=orders[1], threads=self.threads, scratch=self._scratch[0], **common)
         if np.array_equal(alloc, other):
             return alloc
         following = capacities(len(upcoming), self.n_workers)
         costs = [laia.lookahead_cost(alloc=a, rows_next=upcoming, capacity_next=following,
-                                     iteration_next=iteration + 1, **common) for a in (alloc, other)]
+                                     iteration_next=iteration + 1, scratch=self._scratch[0],
+                                     scratch_next=self._scratch[1], **common) for a in (alloc, other)]
         return alloc if costs[0] <= costs[1] else other
 
 
