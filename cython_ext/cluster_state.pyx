@@ -54,7 +54,7 @@ import hashlib
 cimport cython
 import numpy as np
 from cython.parallel cimport prange, threadid
-from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int8_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memset
 
 from atomics cimport and_u64_if, cas_i64_if, fetch_add_i64, load_i64, or_u64_if, store_i64
@@ -74,6 +74,7 @@ cdef enum:
     FAR_AHEAD = 32
     LFU_BUCKETS = 256
     NEED_BLOCK = 64  # need indices a thread takes at once: threads share no counter and few cache lines
+    MIN_NEED_BITS = 14  # the smallest needs table: 16384 entries
 
 # Event kinds recorded by train() and plan(); the runtime executes them, the
 # simulator counts them (docs/design.md section 6).
@@ -187,6 +188,10 @@ cdef class ClusterState:
     cdef int64_t[::1] need_table             # entry i: [2i] epoch << 32 | row, [2i + 1] epoch << 32 | need index
     cdef int need_shift
     cdef int64_t need_mask
+    cdef int need_bits                       # log2 of the table's entries: sized by the rows a batch needs
+    cdef int max_need_bits                   # entries for max_pairs distinct rows at load 1/2
+    cdef int64_t need_limit                  # indices handed out before the table counts as full
+    cdef bint need_overflow                  # set_needs reached need_limit: rebuilt in a larger table
     cdef int32_t epoch
     cdef int64_t n_need                      # need indices handed out; a thread's unused ones hold row -1
     cdef int64_t[::1] need_claim             # thread t: next and end of its block of need indices at [8t]
@@ -308,9 +313,8 @@ cdef class ClusterState:
         self.table = np.full(n_workers * self.table_size, EMPTY, dtype=np.int64)
 
         cdef int bits = table_bits(2 * max_pairs)  # load <= 1/2
-        self.need_shift = 64 - bits
-        self.need_mask = (<int64_t>1 << bits) - 1
-        self.need_table = np.zeros(2 << bits, dtype=np.int64)
+        self.max_need_bits = bits
+        self.size_needs(min(bits, max(MIN_NEED_BITS, table_bits(4 * threads * NEED_BLOCK))))
         self.epoch = 0
         cdef int64_t needs = max_pairs + threads * NEED_BLOCK
         self.need_claim = np.zeros(8 * threads, dtype=np.int64)  # a cache line per thread
@@ -544,6 +548,18 @@ cdef class ClusterState:
         self.lru_insert(w, s)
 
     # ------------------------------------------------------------ needs table
+    # A batch repeats rows (Criteo-like, 128 workers: 1 distinct row in 15 to 45 entries), so the
+    # table is sized by the rows the last batch needed, not by max_pairs: one that fits the caches
+    # saves a miss per entry. Entries of other epochs count as free, so it is never cleared.
+    cdef void size_needs(self, int bits):
+        """A fresh needs table of ``2 ** bits`` entries (load <= 1/2, plus a block per thread)."""
+        self.need_bits = bits
+        self.need_shift = 64 - bits
+        self.need_mask = (<int64_t>1 << bits) - 1
+        self.need_table = np.zeros(2 << bits, dtype=np.int64)
+        # the largest table holds max_pairs rows at load <= 1/2: it never needs to grow
+        self.need_limit = (<int64_t>1 << bits) // 2 if bits < self.max_need_bits else INT64_MAX
+
     cdef inline int64_t need_index(self, int64_t row) noexcept nogil:
         """Index of ``row`` among this iteration's needed rows, or -1 (once the needs are set)."""
         cdef int64_t i = fib_home(row, self.need_shift)
@@ -562,7 +578,9 @@ cdef class ClusterState:
         A thread claims a free entry by compare-and-swap of its key, takes
         the next index of its own block, clears the row's need record, then
         publishes the index; a thread finding the key waits for the index
-        (the claimer is a few instructions away).
+        (the claimer is a few instructions away). A thread that needs a new
+        block once ``need_limit`` indices are out claims nothing more and
+        returns -1 (``need_overflow``): the table is full enough to rebuild.
         """
         cdef int64_t i = fib_home(row, self.need_shift)
         cdef int64_t epoch_bits = (<int64_t>self.epoch) << 32, key = epoch_bits | row, entry, tag, n
@@ -576,10 +594,14 @@ cdef class ClusterState:
                         return tag & LOW32
             if (entry & ~LOW32) == epoch_bits:  # another row of this batch
                 i = (i + 1) & self.need_mask
-            elif cas_i64_if(&self.need_table[2 * i], entry, key, self.shared):
-                if self.need_claim[8 * thread] == self.need_claim[8 * thread + 1]:
-                    self.need_claim[8 * thread] = fetch_add_i64(&self.n_need, NEED_BLOCK)
-                    self.need_claim[8 * thread + 1] = self.need_claim[8 * thread] + NEED_BLOCK
+                continue
+            if self.need_claim[8 * thread] == self.need_claim[8 * thread + 1]:  # a block first
+                if load_i64(&self.n_need) + NEED_BLOCK > self.need_limit:  # threads pass it by a block each
+                    self.need_overflow = True
+                    return -1
+                self.need_claim[8 * thread] = fetch_add_i64(&self.n_need, NEED_BLOCK)
+                self.need_claim[8 * thread + 1] = self.need_claim[8 * thread] + NEED_BLOCK
+            if cas_i64_if(&self.need_table[2 * i], entry, key, self.shared):
                 n = self.need_claim[8 * thread]
                 self.need_claim[8 * thread] += 1
                 self.need_rows[n] = row
@@ -719,9 +741,21 @@ cdef class ClusterState:
         if rows.shape[0] > self.sample_order.shape[0]:  # only with no tables: max_pairs bounds samples x tables
             self.sample_order = np.zeros(rows.shape[0], dtype=np.int64)
             self.focus_sample = np.zeros(rows.shape[0], dtype=np.int64)
+        cdef int bits = min(self.max_need_bits, max(MIN_NEED_BITS, 1 + table_bits(max(self.n_need, 1))))
+        if bits > self.need_bits or bits + 2 < self.need_bits:  # grow, or shrink after a larger batch
+            self.size_needs(bits)
+        while not self.gather_needs(rows, alloc):
+            if self.need_bits == self.max_need_bits:  # it holds max_pairs rows: cannot fill
+                raise StateError(f"the needs table of {1 << self.need_bits} entries filled")
+            self.size_needs(min(self.max_need_bits, self.need_bits + 2))
+        self.needs_ready = True
+
+    cdef bint gather_needs(self, const int64_t[:, ::1] rows, const int32_t[::1] alloc):
+        """:meth:`set_needs` in the current needs table; False if it filled (nothing else is valid then)."""
         cdef int64_t i, k, j
         cdef int w, t
         cdef int focus = self.focus
+        self.need_overflow = False
         with nogil:
             self.epoch += 1
             self.n_need = 0
@@ -747,6 +781,8 @@ cdef class ClusterState:
                 self.need_claim[k] = 0
             for w in prange(self.n_workers, num_threads=self.threads, schedule="dynamic"):
                 self.worker_fill[w] = self.collect_pairs(rows, w, threadid())
+            if self.need_overflow:
+                return False
             for t in range(self.threads):  # the indices threads took but did not use: no row
                 for k in range(self.need_claim[8 * t], self.need_claim[8 * t + 1]):
                     self.need_rows[k] = -1
@@ -760,7 +796,7 @@ cdef class ClusterState:
             self.n_pairs = self.worker_start[self.n_workers]
             for w in prange(self.n_workers, num_threads=self.threads, schedule="dynamic"):
                 self.place_pairs(w)
-        self.needs_ready = True
+        return True
 
     cdef int64_t collect_pairs(self, const int64_t[:, ::1] rows, int w, int thread) noexcept nogil:
         """Worker ``w``'s needed rows, in order of first use by its samples, at its samples' offset in the scratch.
@@ -788,7 +824,10 @@ cdef class ClusterState:
                     prefetch(&self.need_table[2 * fib_home(rows[i, t], self.need_shift)])
             i = self.sample_order[j]
             for t in range(n_tables):
-                self.tmp_need[base + k] = <int32_t>self.need_insert(rows[i, t], thread)
+                need = self.need_insert(rows[i, t], thread)
+                if need < 0:  # the table is full: set_needs starts again in a larger one
+                    return 0
+                self.tmp_need[base + k] = <int32_t>need
                 k += 1
         k = 0
         for j in range(self.sample_start[w], last):  # compacts in place: pair n lands where entry k >= n was
@@ -1444,6 +1483,7 @@ cdef class ClusterState:
         theirs = clone._persistent()
         for name, view in self._persistent().items():
             theirs[name][:] = view
+        clone.size_needs(self.need_bits)
         clone.need_table[:] = self.need_table
         clone.need_rows[:] = self.need_rows
         clone.need_masks[:] = self.need_masks

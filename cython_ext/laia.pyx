@@ -17,6 +17,7 @@ cimport cython
 import numpy as np
 from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
+from libc.stdlib cimport abort, free, malloc
 from atomics cimport cas_i64, fetch_add_i32, fetch_add_i64, load_i64, store_i64
 from counter_hash cimport hash3
 
@@ -28,6 +29,7 @@ cdef extern from *:
 
 cdef enum:
     TIE_STREAM = 0x7A1E
+    CLOSED = -2147483648  # a full worker's score mask: the sign bit (scores are >= 0)
     COMMON = 2
     SWAP_TRIES = 4
     SWAP_ROOM = 8        # (row, worker) slots per batch entry when swapping: greedy fills at most 1/8
@@ -94,30 +96,40 @@ cdef void allocate_range(const int32_t[:, ::1] scores, int64_t first, int64_t la
 
     ``order`` (or NULL: as they come) gives the sample taken at each step; a
     tie is broken by a hash of the sample, not of the step, so the choice
-    for a sample does not depend on where the order puts it.
+    for a sample does not depend on where the order puts it. A full worker's
+    scores are masked (``closed``: the sign bit), so that the best score and
+    its ties are found without branches (the compiler vectorizes both loops).
     """
     cdef Py_ssize_t n_workers = scores.shape[1]
-    cdef int64_t i, j, w, best, ties, pick
+    cdef int64_t i, j, w, pick
+    cdef int32_t best, ties
+    cdef const int32_t* row
     cdef uint64_t stream = iteration * <uint64_t>0x100000001B3ULL + TIE_STREAM
+    cdef int32_t* closed = <int32_t*>malloc(max(1, n_workers) * sizeof(int32_t))
+    if closed == NULL:
+        abort()
+    for w in range(n_workers):
+        closed[w] = 0 if remaining[w] > 0 else CLOSED
     for j in range(first, last):
         i = order[j] if order != NULL else j
-        best = -1
+        row = &scores[i, 0]
+        best = CLOSED
+        for w in range(n_workers):
+            best = max(best, row[w] | closed[w])
         ties = 0
         for w in range(n_workers):
-            if remaining[w] > 0:
-                if scores[i, w] > best:
-                    best = scores[i, w]
-                    ties = 1
-                elif scores[i, w] == best:
-                    ties += 1
+            ties += (row[w] | closed[w]) == best
         pick = <int64_t>(hash3(seed, stream, <uint64_t>i) % <uint64_t>ties)
         for w in range(n_workers):
-            if remaining[w] > 0 and scores[i, w] == best:
+            if (row[w] | closed[w]) == best:
                 if pick == 0:
                     alloc[i] = <int32_t>w
                     remaining[w] -= 1
+                    if remaining[w] == 0:
+                        closed[w] = CLOSED
                     break
                 pick -= 1
+    free(closed)
 
 
 def checked_order(capacity, Py_ssize_t n_samples, Py_ssize_t n_workers, order):
@@ -295,7 +307,7 @@ cdef class BatchCosts:
         cdef Py_ssize_t n_samples = rows.shape[0], i, k
         self.n_workers, self.words, self.n_tables, self.full_set = n_workers, words, tables.shape[0], full_set
         self.common = COMMON * n_workers
-        cdef int64_t entries = max(1, n_samples * self.n_tables), size = 16, pair_size = 16
+        cdef int64_t entries = max(1, n_samples * self.n_tables), size = 16, pair_size = 16, most
         while size < 2 * entries:
             size <<= 1
         self.counts_pairs = pair_room > 2
@@ -318,9 +330,12 @@ cdef class BatchCosts:
         # A table for the distinct rows the last batch had, not for the batch's entries: batches repeat
         # rows (Criteo-like: 1 distinct row in 15 to 45 entries), and a table that fits the caches
         # saves a miss per entry. One that fills up is rebuilt four times larger.
-        size = min(size, max(MIN_TABLE, 1 << (1 + table_bits(self.scratch.last_distinct))))
+        most = size
+        size = min(most, max(MIN_TABLE, 1 << (1 + table_bits(self.scratch.last_distinct))))
         while not self.find_distinct(holders, rows, tables, entries, size, threads):
-            size *= 4
+            if size == most:  # it holds every entry at load <= 1/2: cannot fill
+                raise RuntimeError(f"the distinct-row table of {size} entries filled")
+            size = min(4 * size, most)
         self.scratch.last_distinct = self.n_distinct
 
     cdef bint find_distinct(self, const uint64_t[::1] holders, const int64_t[:, ::1] rows,
