@@ -18,7 +18,7 @@ import numpy as np
 from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport abort, free, malloc
-from atomics cimport cas_i64, fetch_add_i32, fetch_add_i64, load_i64, store_i64
+from libc.string cimport memset
 from counter_hash cimport hash3
 
 
@@ -34,6 +34,7 @@ cdef enum:
     SWAP_TRIES = 4
     SWAP_ROOM = 8        # (row, worker) slots per batch entry when swapping: greedy fills at most 1/8
     MIN_TABLE = 4096     # entries of the smallest distinct-row table (BatchCosts)
+    AHEAD = 8            # BatchCosts.merge_parts: table entries between a row's prefetch and its use
 
 
 def score(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
@@ -192,7 +193,6 @@ def allocate_chunked(*, const int32_t[:, ::1] scores, const int64_t[:, ::1] chun
 
 
 cdef int64_t LOW32 = (<int64_t>1 << 32) - 1
-cdef int64_t PENDING = LOW32  # BatchCosts.distinct: an entry claimed, its index not yet published
 
 
 cdef int table_bits(int64_t entries) noexcept nogil:
@@ -226,45 +226,43 @@ cdef enum:
 cdef class CostScratch:
     """The memory of a :class:`BatchCosts`, kept from batch to batch (one live BatchCosts at a time).
 
-    A batch's tables and records take tens of MB (64 bytes per batch entry
-    and more); fresh pages each batch cost the kernel's page clearing more
-    than the scoring itself. Kept, only the entries the last batch used are
-    cleared: its distinct rows, not the table's size.
+    A batch's tables and records take tens of MB when sized for every entry;
+    fresh pages each batch cost the kernel's page clearing more than the
+    scoring itself. Kept and sized by the distinct rows, they fit the caches.
     """
-    cdef int64_t[::1] keys                   # row << 32 | index, -1 where free
-    cdef int64_t[::1] taken                  # per distinct row: its entry in keys (what to clear next time)
-    cdef int64_t n_taken
-    cdef int64_t last_distinct               # distinct rows of the last batch: sizes the next table
-    cdef int32_t[::1] ids, seen
+    cdef int64_t[::1] keys                   # table t (0: the batch's, 1 + p: part p's), entry h at
+                                             # [2 (t size + h)]: row << 32 | index (-1: free), then its uses
+    cdef int64_t last_distinct               # distinct rows of the last batch: sizes the next tables
+    cdef int32_t[::1] ids, seen, live, local
     cdef object record_memory
     cdef uint64_t* records                   # 64-byte aligned
 
     def __init__(self):
         self.keys = np.full(16, -1, dtype=np.int64)
-        self.taken = np.zeros(1, dtype=np.int64)
-        self.n_taken = self.last_distinct = 0
+        self.last_distinct = 0
         self.ids = np.zeros(1, dtype=np.int32)
         self.seen = np.zeros(1, dtype=np.int32)
+        self.live = np.zeros(1, dtype=np.int32)
+        self.local = np.zeros(1, dtype=np.int32)
         self.record_memory = None
 
-    cdef void reserve(self, int64_t entries, int64_t size, int64_t stride, int threads):
-        """Room for a batch of ``entries`` (sample, table) entries and a table of ``size`` entries, all
-        free: half as many distinct rows, records of ``stride`` words, and a row more per thread (each
-        may pass the limit by one)."""
-        cdef int64_t u, rows = size // 2 + threads
+    cdef void reserve(self, int64_t samples, int64_t entries, int parts, int64_t size, int64_t stride):
+        """Room for a batch of ``samples`` x tables = ``entries`` in ``parts``: 1 + ``parts`` tables of
+        ``size`` entries (free), half as many rows per table, records of ``stride`` words."""
         cdef uint64_t[::1] memory
-        if self.keys.shape[0] != size:
-            self.keys = np.full(size, -1, dtype=np.int64)
-        else:
-            with nogil:
-                for u in range(self.n_taken):
-                    self.keys[self.taken[u]] = -1
-        self.n_taken = 0
+        cdef int64_t rows = size // 2, words = 2 * (1 + parts) * size
+        if self.keys.shape[0] != words:
+            self.keys = np.empty(words, dtype=np.int64)
+        with nogil:
+            memset(&self.keys[0], 0xFF, words * sizeof(int64_t))  # -1: free
         if self.ids.shape[0] < entries:
             self.ids = np.empty(entries, dtype=np.int32)
+        if self.live.shape[0] < samples:
+            self.live = np.empty(samples, dtype=np.int32)
+        if self.local.shape[0] < parts * rows:
+            self.local = np.empty(parts * rows, dtype=np.int32)
         if self.seen.shape[0] < rows:
-            self.seen = np.empty(rows, dtype=np.int32)  # a row's count is set at its first sight
-            self.taken = np.empty(rows, dtype=np.int64)
+            self.seen = np.empty(rows, dtype=np.int32)
         if self.record_memory is None or len(self.record_memory) < rows * stride + 8:
             self.record_memory = np.empty(rows * stride + 8, dtype=np.uint64)  # filled at first sight
             memory = self.record_memory
@@ -287,13 +285,16 @@ cdef class BatchCosts:
     """
     cdef int n_workers, words, n_tables
     cdef int64_t full_set, common, n_distinct, mask, pair_mask, pair_used, stamp, stride
-    cdef int64_t limit                       # distinct rows the table takes (half its entries)
-    cdef bint overflow                       # the table reached its limit: build again, larger
+    cdef int64_t limit                       # distinct rows a table takes (half its entries)
+    cdef int parts                           # threads' shares of the samples, each with a table of its own
+    cdef int64_t[::1] part_rows              # [8p]: part p's distinct rows (a cache line each), -1: its table filled
     cdef bint counts_pairs
     cdef int64_t n_slices                    # bits of the largest saving of a sample (3 per table)
-    cdef int64_t[::1] keys, pair_keys, extra, taken
+    cdef int64_t[::1] keys, pair_keys, extra
     cdef uint64_t[::1] saving                # costs(): n_slices x words
     cdef int32_t[::1] ids, seen, pair_count, visited
+    cdef int32_t[::1] live                   # per sample: its rows not common come first in ids, this many
+    cdef int32_t[::1] local                  # part p's index u -> the batch's index, at [p * limit + u]
     cdef CostScratch scratch
     cdef uint64_t* records                   # stride words per distinct row: HEAD, fresh[words], trains[words]
     cdef BatchCosts previous
@@ -304,7 +305,8 @@ cdef class BatchCosts:
         """``pair_room``: (row, worker) slots per entry of the batch; above 2, room for moves (:meth:`can_move`).
         ``threads`` find the distinct rows (the costs do not depend on it). ``scratch``: memory to reuse
         (this board then owns it until another takes it)."""
-        cdef Py_ssize_t n_samples = rows.shape[0], i, k
+        cdef Py_ssize_t n_samples = rows.shape[0], i
+        cdef int p
         self.n_workers, self.words, self.n_tables, self.full_set = n_workers, words, tables.shape[0], full_set
         self.common = COMMON * n_workers
         cdef int64_t entries = max(1, n_samples * self.n_tables), size = 16, pair_size = 16, most
@@ -316,7 +318,6 @@ cdef class BatchCosts:
         self.pair_mask, self.pair_used = pair_size - 1, 0
         self.pair_keys = np.full(pair_size, -1, dtype=np.int64)
         self.pair_count = np.zeros(pair_size, dtype=np.int32)
-        self.visited = np.zeros(entries if self.counts_pairs else 1, dtype=np.int32)  # the swap pass's
         self.stride = HEAD + 2 * words
         # records aligned to 64 bytes: with up to 191 workers (3 words) a record is one cache line
         self.scratch = CostScratch() if scratch is None else scratch
@@ -327,38 +328,154 @@ cdef class BatchCosts:
         self.saving = np.zeros(self.n_slices * words, dtype=np.uint64)
         self.stamp = 0
         self.previous = previous
-        # A table for the distinct rows the last batch had, not for the batch's entries: batches repeat
-        # rows (Criteo-like: 1 distinct row in 15 to 45 entries), and a table that fits the caches
-        # saves a miss per entry. One that fills up is rebuilt four times larger.
+        # Tables for the distinct rows the last batch had, not for the batch's entries: batches repeat
+        # rows (Criteo-like: 1 distinct row in 15 to 45 entries), and tables that fit the caches save a
+        # miss per entry. One that fills up is rebuilt four times larger.
         most = size
         size = min(most, max(MIN_TABLE, 1 << (1 + table_bits(self.scratch.last_distinct))))
-        while not self.find_distinct(holders, rows, tables, entries, size, threads):
-            if size == most:  # it holds every entry at load <= 1/2: cannot fill
+        self.parts = max(1, min(threads, n_samples))
+        self.part_rows = np.zeros(8 * self.parts, dtype=np.int64)
+        while not self.find_distinct(&holders[0], rows, tables, entries, size, threads):
+            if size == most:  # a table holds every entry at load <= 1/2: cannot fill
                 raise RuntimeError(f"the distinct-row table of {size} entries filled")
             size = min(4 * size, most)
         self.scratch.last_distinct = self.n_distinct
-
-    cdef bint find_distinct(self, const uint64_t[::1] holders, const int64_t[:, ::1] rows,
-                            const int32_t[::1] tables, int64_t entries, int64_t size, int threads):
-        """The batch's distinct rows in a table of ``size`` entries; False if it filled past half."""
-        cdef Py_ssize_t n_samples = rows.shape[0], i, k
-        cdef int64_t words = self.words
-        cdef bint shared = threads > 1
-        self.scratch.reserve(entries, size, self.stride, threads)
-        self.keys, self.taken, self.ids, self.records = \
-            self.scratch.keys, self.scratch.taken, self.scratch.ids, self.scratch.records
-        self.seen = self.scratch.seen  # apart from the records: threads count while others fill
-        self.mask, self.limit, self.n_distinct, self.overflow = size - 1, size // 2, 0, False
+        self.visited = np.zeros(self.limit if self.counts_pairs else 1, dtype=np.int32)  # the swap pass's
+        self.live = self.scratch.live
         with nogil:
-            for i in prange(n_samples, num_threads=threads, schedule="static"):
-                if i + 2 < n_samples:  # overlap the (random) misses of the sample after next: its entries
-                    for k in range(self.n_tables):  # and, read at a row's first sight, its holders
-                        prefetch(&self.keys[fib_slot(rows[i + 2, tables[k]], self.mask)])
-                        prefetch(&holders[rows[i + 2, tables[k]] * words])
+            for p in prange(self.parts, num_threads=threads, schedule="static", chunksize=1):
+                for i in range(self.first_sample(p, n_samples), self.first_sample(p + 1, n_samples)):
+                    self.live[i] = self.index_sample(i, p)
+
+    cdef inline int64_t first_sample(self, int p, int64_t n_samples) noexcept nogil:
+        """Part ``p``'s samples start here (the parts split the batch into contiguous ranges)."""
+        return p * n_samples // self.parts
+
+    cdef bint find_distinct(self, const uint64_t* holders, const int64_t[:, ::1] rows,
+                            const int32_t[::1] tables, int64_t entries, int64_t size, int threads):
+        """The batch's distinct rows and their uses in tables of ``size`` entries; False if one filled
+        past half.
+
+        Each thread takes a contiguous share of the samples and counts its
+        rows in a table of its own (no entry, count or cache line is
+        shared, nothing is atomic); then one pass merges the parts' tables
+        into the batch's and copies each new row's holders into its record.
+        """
+        cdef int p
+        cdef int64_t n_samples = rows.shape[0]
+        self.limit = size // 2
+        self.mask = size - 1
+        self.scratch.reserve(n_samples, entries, self.parts, size, self.stride)
+        self.keys, self.ids, self.seen, self.records, self.local = \
+            self.scratch.keys, self.scratch.ids, self.scratch.seen, self.scratch.records, self.scratch.local
+        with nogil:
+            for p in prange(self.parts, num_threads=threads, schedule="static", chunksize=1):
+                self.part_rows[8 * p] = self.count_part(rows, tables, p, self.first_sample(p, n_samples),
+                                                        self.first_sample(p + 1, n_samples))
+        for p in range(self.parts):
+            if self.part_rows[8 * p] < 0:
+                return False
+        with nogil:
+            return self.merge_parts(holders)
+
+    cdef int64_t count_part(self, const int64_t[:, ::1] rows, const int32_t[::1] tables, int p, int64_t first,
+                            int64_t last) noexcept nogil:
+        """Part ``p``'s samples ``[first, last)``: each entry's index in the part's table (into ``ids``)
+        and each row's uses; returns the part's distinct rows (-1: its table filled)."""
+        cdef int64_t table = (1 + p) * (self.mask + 1), i, k, row, h, entry, n = 0
+        for i in range(first, last):
+            if i + 2 < last:  # the table entries of the sample after next (cached: latency only)
                 for k in range(self.n_tables):
-                    self.ids[i * self.n_tables + k] = self.distinct(&holders[0], rows[i, tables[k]], shared)
-        self.scratch.n_taken = self.n_distinct
-        return not self.overflow
+                    prefetch(&self.keys[2 * (table + fib_slot(rows[i + 2, tables[k]], self.mask))])
+            for k in range(self.n_tables):
+                row = rows[i, tables[k]]
+                h = fib_slot(row, self.mask)
+                while True:
+                    entry = self.keys[2 * (table + h)]
+                    if entry == -1:
+                        if n == self.limit:
+                            return -1
+                        entry = (row << 32) | n
+                        self.keys[2 * (table + h)] = entry
+                        self.keys[2 * (table + h) + 1] = 0
+                        n += 1
+                        break
+                    if (entry >> 32) == row:
+                        break
+                    h = (h + 1) & self.mask
+                self.keys[2 * (table + h) + 1] += 1  # the count, beside the key: no second miss
+                self.ids[i * self.n_tables + k] = <int32_t>(entry & LOW32)
+        return n
+
+    cdef bint merge_parts(self, const uint64_t* holders) noexcept nogil:
+        """The parts' rows into the batch's table (0), in part order: each part's index -> the batch's
+        (``local``), uses summed (``seen``, up to ``common``), a record per new row. False if it filled."""
+        cdef int p
+        cdef int64_t h, g, entry, row, u, n = 0, size = self.mask + 1
+        for p in range(self.parts):
+            for h in range((1 + p) * size, (2 + p) * size):
+                if h + AHEAD < (2 + p) * size and self.keys[2 * (h + AHEAD)] != -1:
+                    entry = self.keys[2 * (h + AHEAD)]
+                    prefetch(&self.keys[2 * fib_slot(entry >> 32, self.mask)])
+                    prefetch(&holders[(entry >> 32) * self.words])
+                entry = self.keys[2 * h]
+                if entry == -1:
+                    continue
+                row = entry >> 32
+                g = fib_slot(row, self.mask)
+                while self.keys[2 * g] != -1 and (self.keys[2 * g] >> 32) != row:
+                    g = (g + 1) & self.mask
+                if self.keys[2 * g] == -1:
+                    if n == self.limit:
+                        return False
+                    self.keys[2 * g] = (row << 32) | n
+                    self.seen[n] = 0
+                    self.new_record(holders, row, n)
+                    n += 1
+                u = self.keys[2 * g] & LOW32
+                self.local[p * self.limit + (entry & LOW32)] = <int32_t>u
+                self.seen[u] = <int32_t>min(self.seen[u] + self.keys[2 * h + 1], self.common)
+        self.n_distinct = n
+        return True
+
+    cdef void new_record(self, const uint64_t* holders, int64_t row, int64_t u) noexcept nogil:
+        """Row ``row``'s record ``u``: its holders (as the previous batch leaves them, if any), its dirty
+        owner, no trainers yet (the record's memory is not cleared beforehand)."""
+        cdef int64_t word, count = 0, bit = -1
+        cdef uint64_t x
+        for word in range(self.words):
+            x = holders[row * self.words + word]
+            if self.previous is not None:
+                x = self.previous.holders_after(row, word, x)
+            self.fresh(u)[word] = x
+            self.trains(u)[word] = 0
+            if x:
+                count += popcount64(x)
+                bit = 64 * word + ctz64(x)
+        for word in range(HEAD):
+            self.record(u)[word] = 0
+        self.fields(u)[OWNER] = <int32_t>(bit - 1) if count == 1 and bit > 0 else -1
+
+    cdef int32_t index_sample(self, int64_t i, int p) noexcept nogil:
+        """Sample ``i`` (of part ``p``): its entries as the batch's row indices in ``ids``, the rows that
+        are not common first; returns their count.
+
+        A common row costs no worker anything (:meth:`costs`), so placing
+        and scoring read only the others (a third of the entries of a
+        Criteo-like batch over 128 workers). Their order does not matter:
+        costs are sums.
+        """
+        cdef int64_t k, base = i * self.n_tables
+        cdef int32_t n = 0, u
+        for k in range(self.n_tables):
+            u = self.local[p * self.limit + self.ids[base + k]]
+            if self.seen[u] < self.common:
+                self.ids[base + k] = self.ids[base + n]
+                self.ids[base + n] = u
+                n += 1
+            else:
+                self.ids[base + k] = u
+        return n
 
     cdef inline uint64_t* record(self, int64_t u) noexcept nogil:
         return self.records + u * self.stride
@@ -376,73 +493,12 @@ cdef class BatchCosts:
         """Index of ``row`` among the batch's distinct rows, or -1."""
         cdef int64_t h = fib_slot(row, self.mask), entry
         while True:
-            entry = self.keys[h]
+            entry = self.keys[2 * h]
             if entry == -1:
                 return -1
             if (entry >> 32) == row:
                 return entry & LOW32
             h = (h + 1) & self.mask
-
-    cdef int32_t distinct(self, const uint64_t* holders, int64_t row, bint shared) noexcept nogil:
-        """Index of ``row`` among the batch's distinct rows; first sight copies its holders and dirty owner.
-
-        Entries pack ``row << 32 | index``. With ``shared``, threads insert at
-        once: a thread claims an entry by compare-and-swap (index PENDING),
-        then takes the next index and publishes it; a thread finding the row
-        pending waits for that. Indices then depend on timing; nothing reads
-        their order.
-        """
-        cdef int64_t h = fib_slot(row, self.mask), u, word, entry, count = 0, bit = -1
-        cdef uint64_t x
-        while True:
-            entry = load_i64(&self.keys[h]) if shared else self.keys[h]
-            if entry == -1:
-                if (load_i64(&self.n_distinct) if shared else self.n_distinct) >= self.limit:
-                    self.overflow = True  # threads pass the limit by one row each at most
-                    return 0
-                if shared:
-                    if not cas_i64(&self.keys[h], -1, (row << 32) | PENDING):
-                        continue  # another thread took the entry: look at it again
-                    u = fetch_add_i64(&self.n_distinct, 1)
-                    self.seen[u] = 0  # before the index is published: others count from then on
-                    self.taken[u] = h
-                    store_i64(&self.keys[h], (row << 32) | u)
-                else:
-                    u = self.n_distinct
-                    self.n_distinct += 1
-                    self.seen[u] = 0
-                    self.taken[u] = h
-                    self.keys[h] = (row << 32) | u
-                break
-            if (entry >> 32) == row:
-                while (entry & LOW32) == PENDING:  # its claimer is a few instructions from the index
-                    entry = load_i64(&self.keys[h])
-                u = entry & LOW32
-                if self.seen[u] < self.common:  # a count that has reached common no longer matters
-                    if shared:
-                        fetch_add_i32(&self.seen[u], 1)
-                    else:
-                        self.seen[u] += 1
-                return <int32_t>u
-            h = (h + 1) & self.mask
-        # first sight: the whole record (its memory is not cleared beforehand)
-        for word in range(self.words):
-            x = holders[row * self.words + word]
-            if self.previous is not None:
-                x = self.previous.holders_after(row, word, x)
-            self.fresh(u)[word] = x
-            self.trains(u)[word] = 0
-            if x:
-                count += popcount64(x)
-                bit = 64 * word + ctz64(x)
-        for word in range(HEAD):
-            self.record(u)[word] = 0
-        self.fields(u)[OWNER] = <int32_t>(bit - 1) if count == 1 and bit > 0 else -1
-        if shared:
-            fetch_add_i32(&self.seen[u], 1)
-        else:
-            self.seen[u] += 1
-        return <int32_t>u
 
     cdef uint64_t holders_after(self, int64_t row, int64_t word, uint64_t now) noexcept nogil:
         """Word ``word`` of ``row``'s holders once this batch is trained as placed (``now``: before it).
@@ -484,12 +540,10 @@ cdef class BatchCosts:
         for k in range(self.n_slices * self.words):
             saving[k] = 0
         if next_i >= 0:  # overlap the next sample's record misses
-            for k in range(self.n_tables):
+            for k in range(self.live[next_i]):
                 prefetch(self.record(self.ids[next_i * self.n_tables + k]))
-        for k in range(self.n_tables):
+        for k in range(self.live[i]):  # the rows that are not common
             u = self.ids[i * self.n_tables + k]
-            if self.seen[u] >= self.common:
-                continue
             f = self.fields(u)
             base = 1 + self.full_set + (1 if f[OWNER] >= 0 and f[N_MISS] == 0 else 0)
             total += base
@@ -527,13 +581,18 @@ cdef class BatchCosts:
                 self.extra[w] -= ((self.saving[s * self.words + (bit >> 6)] >> (bit & 63)) & 1) << s
         return total
 
-    cdef void move(self, int64_t i, int64_t w, int sign) noexcept nogil:
-        """Place (``sign`` 1) or take back (-1, counting pairs only) sample ``i`` on worker ``w``."""
+    cdef void move(self, int64_t i, int64_t w, int sign, bint every_row=False) noexcept nogil:
+        """Place (``sign`` 1) or take back (-1, counting pairs only) sample ``i`` on worker ``w``.
+
+        Only its rows that are not common unless ``every_row``: no cost
+        counts a common row's trainers, but the holders after the batch do
+        (:meth:`holders_after`, the look-ahead).
+        """
         cdef int64_t k, u, h
         cdef int64_t word = (w + 1) >> 6
         cdef uint64_t bit = (<uint64_t>1) << ((w + 1) & 63)
         cdef bint changed
-        for k in range(self.n_tables):
+        for k in range(self.n_tables if every_row else self.live[i]):
             u = self.ids[i * self.n_tables + k]
             if self.counts_pairs:
                 h = probe(self.pair_keys, self.pair_mask, u * self.n_workers + w)
@@ -738,7 +797,7 @@ def lookahead_cost(*, const uint64_t[::1] holders, int words, int n_workers, con
     for i in range(rows.shape[0]):
         if alloc[i] < 0 or alloc[i] >= n_workers:
             raise ValueError(f"alloc[{i}] = {alloc[i]} is not a worker in [0, {n_workers})")
-        now.move(i, alloc[i], 1)
+        now.move(i, alloc[i], 1, True)
     cdef BatchCosts after = BatchCosts(holders, words, n_workers, rows_next, tables, full_set, previous=now,
                                        scratch=scratch_next)
     greedy(after, np.empty(rows_next.shape[0], dtype=np.int32), capacity_next, seed, iteration_next, NULL)
