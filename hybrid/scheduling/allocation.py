@@ -117,32 +117,38 @@ class LaiaAllocation(AllocationPolicy):
     def allocate(self, rows: np.ndarray, iteration: int, upcoming: np.ndarray | None = None) -> np.ndarray:
         n = len(rows)
         start = time.perf_counter()
-        if self._scores.shape[0] != n:
-            self._scores = np.zeros((n, self.n_workers), dtype=np.int32)
         tables = np.arange(rows.shape[1], dtype=np.int32) if self.tables is None else self.tables
-        laia.score(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
-                   rows=rows, tables=tables, out=self._scores, threads=self.threads)
+        holders = dict(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
+                       rows=rows, tables=tables, threads=self.threads)
+        if self.cost:  # cost scoring reads the holders itself; the orders need only each sample's margin
+            gaps = laia.fresh_margins(**holders) if self.confident or self.looks_ahead else None
+        else:
+            if self._scores.shape[0] != n:
+                self._scores = np.zeros((n, self.n_workers), dtype=np.int32)
+            laia.score(out=self._scores, **holders)
         scored = time.perf_counter()
         if n not in self._layouts:
             capacity = capacities(n, self.n_workers)
             self._layouts[n] = (capacity,) + (chunk_layout(n, capacity, self.chunks) if self.chunks else (None, None))
         capacity, starts, chunk_capacity = self._layouts[n]
         if self.cost:
-            alloc = self._cost_allocation(rows, tables, capacity, iteration, upcoming)
+            alloc = self._cost_allocation(rows, tables, capacity, iteration, upcoming, gaps)
         elif self.chunks is None:
+            order = margin_order(laia.margins(scores=self._scores, threads=self.threads)) if self.confident else None
             alloc = laia.allocate_exact(scores=self._scores, capacity=capacity, seed=self.seed,
-                                        iteration=iteration, order=margin_order(self._scores, self.threads) if self.confident else None)
+                                        iteration=iteration, order=order)
         else:
             alloc = laia.allocate_chunked(scores=self._scores, chunk_capacity=chunk_capacity, chunk_start=starts,
                                           seed=self.seed, iteration=iteration, threads=self.threads)
         self.timing = {"scoring": scored - start, "allocation": time.perf_counter() - scored}
         return alloc
 
-    def _cost_allocation(self, rows, tables, capacity, iteration: int, upcoming) -> np.ndarray:
-        """Cost scoring's allocation; looking ahead, the better of both orders over this batch and the next."""
+    def _cost_allocation(self, rows, tables, capacity, iteration: int, upcoming, gaps) -> np.ndarray:
+        """Cost scoring's allocation; looking ahead, the better of both orders over this batch and the next.
+        ``gaps``: each sample's margin (``laia.fresh_margins``), where an order needs them."""
         common = dict(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
                       rows=rows, tables=tables, seed=self.seed, full_set=self.full_set)
-        margins = margin_order(self._scores, self.threads) if self.confident or self.looks_ahead else None
+        margins = None if gaps is None else margin_order(gaps)
         orders = (margins, None) if self.confident else (None, margins)
         alloc = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
                                    order=orders[0], threads=self.threads, scratch=self._scratch[0], **common)
@@ -159,17 +165,16 @@ class LaiaAllocation(AllocationPolicy):
         return alloc if costs[0] <= costs[1] else other
 
 
-def margin_order(scores: np.ndarray, threads: int = 1) -> np.ndarray:
+def margin_order(gaps: np.ndarray) -> np.ndarray:
     """Samples by the margin of their best worker over the second best, largest first (ties: batch order).
 
-    A sample whose rows one worker holds far more of than any other gains
-    the most from going there; taken first, it is not pushed elsewhere by a
-    worker that filled up with samples that any worker would have served.
+    ``gaps``: per sample, second-best score less best (``laia.margins``,
+    ``laia.fresh_margins``). A sample whose rows one worker holds far more of
+    than any other gains the most from going there; taken first, it is not
+    pushed elsewhere by a worker that filled up with samples that any worker
+    would have served.
     """
-    if scores.shape[1] < 2:
-        return np.arange(len(scores), dtype=np.int64)
-    gaps = laia.margins(scores=scores, threads=threads)  # second - best: most negative first
-    return np.argsort(gaps, kind="stable").astype(np.int64)
+    return np.argsort(gaps, kind="stable").astype(np.int64)  # most negative first
 
 
 def chunk_layout(n_samples: int, capacity: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray]:

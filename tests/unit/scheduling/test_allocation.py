@@ -213,8 +213,10 @@ def test_a_budget_agreed_on_fixes_the_table_count_and_a_resume_keeps_it():
 def test_the_confident_order_takes_the_largest_margins_first_and_respects_capacity(n_workers, n, seed, data):
     scores = np.array(data.draw(st.lists(st.lists(st.integers(0, 5), min_size=n_workers, max_size=n_workers),
                                          min_size=n, max_size=n)), dtype=np.int32).reshape(n, n_workers)
-    order = margin_order(scores)
-    assert sorted(order.tolist()) == list(range(n)) and np.array_equal(order, margin_order(scores, threads=3))
+    gaps = laia.margins(scores=scores)
+    assert np.array_equal(gaps, laia.margins(scores=scores, threads=3))
+    order = margin_order(gaps)
+    assert sorted(order.tolist()) == list(range(n))
     if n_workers > 1:
         top = np.sort(scores, axis=1)
         margins = (top[:, -1] - top[:, -2])[order]
@@ -227,10 +229,40 @@ def test_the_confident_order_takes_the_largest_margins_first_and_respects_capaci
     assert np.array_equal(alloc, again)
 
 
+def _python_margins(holder_sets: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per sample, its second-best fresh-row count over the workers less its best, in plain NumPy."""
+    scores = holder_sets[rows][:, :, 1:].sum(axis=1)  # [samples, workers]
+    if scores.shape[1] < 2:
+        return np.zeros(len(rows), dtype=np.int32)
+    top = np.sort(scores, axis=1)
+    return (top[:, -2] - top[:, -1]).astype(np.int32)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([1, 2, 5, 70]), st.integers(1, 30), st.integers(1, 4), st.integers(0, 2**32 - 1),
+       st.sampled_from([1, 3]))
+def test_margins_read_from_the_holders_equal_the_margins_of_the_scores(n_workers, n, n_tables, seed, threads):
+    """Cost scoring orders by ``fresh_margins`` without a scores matrix; 70 workers: two holder words."""
+    rng = np.random.default_rng(seed)
+    n_rows = 50
+    words = (n_workers + 1 + 63) // 64
+    bits = rng.random((n_rows, 64 * words)) < 0.3
+    bits[:, n_workers + 1:] = False
+    holders = np.packbits(bits, axis=1, bitorder="little").view(np.uint64).reshape(-1)
+    rows = rng.integers(0, n_rows, size=(n, n_tables)).astype(np.int64)
+    tables = np.arange(n_tables, dtype=np.int32)[::2].copy()  # a subset of the tables, as adaptive LAIA scores
+    common = dict(holders=holders, words=words, n_workers=n_workers, rows=rows, tables=tables)
+    scores = np.zeros((n, n_workers), dtype=np.int32)
+    laia.score(out=scores, **common)
+    gaps = laia.fresh_margins(threads=threads, **common)
+    assert np.array_equal(gaps, laia.margins(scores=scores))
+    assert np.array_equal(gaps, _python_margins(bits[:, :n_workers + 1], rows[:, tables]))
+
+
 def test_when_capacity_allows_every_order_gives_each_sample_a_best_worker():
     scores = np.array([[3, 0], [0, 2], [1, 1], [2, 2]], dtype=np.int32)
     capacity = np.array([2, 2], dtype=np.int64)  # the two tied samples fit wherever the others go
-    for order in (None, margin_order(scores)):
+    for order in (None, margin_order(laia.margins(scores=scores))):
         alloc = laia.allocate_exact(scores=scores, capacity=capacity, seed=1, iteration=0, order=order)
         assert all(scores[i, alloc[i]] == scores[i].max() for i in range(4))
     with pytest.raises(ValueError, match="permutation"):
@@ -296,7 +328,7 @@ def test_cost_scoring_places_each_sample_where_it_adds_the_fewest_reads(case, co
     state = _state_with_history(n_workers, n_rows, [h.astype(np.int64) for h in history], allocs, rows.size)
     policy = LaiaAllocation(state, seed, cost=True, confident=confident, full_set=full_set)
     alloc = policy.allocate(rows, iteration=4)
-    order = margin_order(policy._scores) if confident else None
+    order = margin_order(_python_margins(state.holder_sets(), rows)) if confident else None
     expected = _reference_cost_allocation(state.holder_sets(), rows, capacities(len(rows), n_workers), seed, 4,
                                           order, full_set)
     assert np.array_equal(alloc, expected)
@@ -379,7 +411,7 @@ def test_looking_ahead_keeps_the_order_whose_pair_of_batches_reads_less():
     for t in range(len(batches) - 1):
         rows, upcoming = batches[t], batches[t + 1]
         alloc = policy.allocate(rows, t, upcoming)
-        orders = {"confident": margin_order(policy._scores), "arrival": None}
+        orders = {"confident": margin_order(_python_margins(state.holder_sets(), rows)), "arrival": None}
         candidates = {name: laia.allocate_cost(holders=state.holder_words(), words=state.words, n_workers=3,
                                                rows=rows, tables=np.arange(3, dtype=np.int32),
                                                capacity=capacities(12, 3), seed=5, iteration=t, order=order)
