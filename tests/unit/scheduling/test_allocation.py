@@ -456,3 +456,24 @@ def test_cost_scoring_keeps_a_batch_s_rare_rows_together_and_follows_dirty_rows(
 def test_contiguous_allocation_gives_consecutive_shards():
     alloc = ContiguousAllocation(3).allocate(np.zeros((10, 2), dtype=np.int64), 0)
     assert alloc.tolist() == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cost_scoring_places_a_batch_larger_than_its_tables_as_the_reference(threads):
+    """Cost scoring's tables are sized by the last batch's distinct rows (a reused scratch): a batch with
+    many more fills them, is counted again in larger ones, and is placed as the plain-Python reference."""
+    rng = np.random.default_rng(7)
+    n_workers, n_rows, n_tables = 4, 40_000, 3
+    history = [rng.integers(0, n_rows, size=(400, n_tables)).astype(np.int64) for _ in range(2)]
+    allocs = [(np.arange(400) % n_workers).astype(np.int32) for _ in history]
+    state = _state_with_history(n_workers, n_rows, history, allocs, 3000 * n_tables)
+    scratch = laia.CostScratch()
+    tables = np.arange(n_tables, dtype=np.int32)
+    for samples, spread in ((40, 30), (3000, n_rows), (3000, 100)):  # 30 distinct rows, then ~8,500, then 100
+        rows = rng.integers(0, spread, size=(samples, n_tables)).astype(np.int64)
+        capacity = capacities(samples, n_workers)
+        alloc = laia.allocate_cost(holders=state.holder_words(), words=state.words, n_workers=n_workers, rows=rows,
+                                   tables=tables, capacity=capacity, seed=3, iteration=5, threads=threads,
+                                   scratch=scratch)
+        expected = _reference_cost_allocation(state.holder_sets(), rows, capacity, 3, 5, None, False)
+        assert np.array_equal(alloc, expected)

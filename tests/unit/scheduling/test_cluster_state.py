@@ -348,3 +348,25 @@ def test_event_digest_changes_with_any_event():
         state.train()
         digests.append(state.event_digest)
     assert digests[0] == digests[2] != digests[1]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_needs_table_grows_and_shrinks_with_the_batches_distinct_rows(threads):
+    """The needs table is sized by the last batch's distinct rows; a batch with far more is set again in a
+    larger table, and every worker's needs are still its samples' distinct rows in first-use order."""
+    rng = np.random.default_rng(3)
+    n_workers, n_rows, tables = 3, 200_000, 4
+    state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=n_rows, full_set=False,
+                         max_pairs=12_000 * tables, focus=1, threads=threads)
+    for samples, spread in ((60, 50), (12_000, n_rows), (60, 50), (12_000, n_rows)):  # 60 rows, ~45,000
+        rows = rng.integers(0, spread, size=(samples, tables)).astype(np.int64)
+        alloc = (np.arange(samples) % n_workers).astype(np.int32)
+        state.plan(rows, alloc)
+        state.train()
+        chosen, index, mine, _ = state.focus_needs()
+        used = rows[chosen].reshape(-1)
+        first_use = used[np.sort(np.unique(used, return_index=True)[1])]
+        assert mine.tolist() == first_use.tolist()
+        assert np.array_equal(mine[index], rows[chosen])
+        assert state.counts()["accumulate"] + state.counts()["local"] == sum(
+            len(np.unique(rows[alloc == w])) for w in range(n_workers))
