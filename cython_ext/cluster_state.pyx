@@ -45,8 +45,9 @@ them depends on timing, never whether it is there.
 Memory, per rank: 8 bytes per embedding row per 64 holders (the holder bits),
 24 bytes per cache slot of every worker (4 row + 8 replacement links + 12 for
 the row -> slot table of 8-byte entries at load <= 2/3; LFU adds 4), and
-scratch that follows the global batch (the needs table, the written-row sets
-and the event records: about 350 bytes per (worker, row) pair of a batch).
+scratch that follows the global batch (the written-row sets and the event
+records: about 350 bytes per (worker, row) pair of a batch; the needs table
+follows the distinct rows the last batch needed).
 Nothing per iteration touches an array of table or cache size.
 """
 import hashlib
