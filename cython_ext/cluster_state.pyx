@@ -45,9 +45,9 @@ them depends on timing, never whether it is there.
 Memory, per rank: 8 bytes per embedding row per 64 holders (the holder bits),
 24 bytes per cache slot of every worker (4 row + 8 replacement links + 12 for
 the row -> slot table of 8-byte entries at load <= 2/3; LFU adds 4), and
-scratch that follows the global batch (the written-row sets and the event
-records: about 350 bytes per (worker, row) pair of a batch; the needs table
-follows the distinct rows the last batch needed).
+scratch that follows the global batch (the event records and the pairs:
+about 250 bytes per (worker, row) pair of a batch; the needs and written-row
+tables follow the distinct rows a batch needs and an iteration writes).
 Nothing per iteration touches an array of table or cache size.
 """
 import hashlib
@@ -226,11 +226,15 @@ cdef class ClusterState:
 
     # Rows written to the PS (Accumulate, Put, write-back) by iteration t, in
     # table t & 1 with stamp t: the previous iteration's set decides which
-    # pulls are prefetchable. Entries of older iterations count as free.
+    # pulls are prefetchable. Entries of older iterations count as free. The
+    # tables follow the rows an iteration writes (a batch repeats rows), and
+    # grow before a call marks more than half of one.
     cdef int64_t[::1] written                # entry: stamp(iteration) << 32 | row; other stamps count as free
     cdef int written_shift
     cdef int64_t written_mask
     cdef int64_t written_size
+    cdef int64_t written_count               # rows in the current iteration's table
+    cdef int64_t[::1] write_new              # per worker (train) or chunk (plan): rows it added to the set
     cdef readonly int64_t iteration          # train() calls so far, minus one
 
     # Event records of the last train()/plan() call. After train() they are
@@ -347,12 +351,9 @@ cdef class ClusterState:
         self.focus_entry = np.zeros(max_pairs, dtype=np.int32)
         self.n_focus = 0
 
-        # distinct rows written per iteration: write-backs + trained rows + plan pushes <= 3 * max_pairs
-        bits = table_bits(4 * max_pairs)
-        self.written_shift = 64 - bits
-        self.written_size = <int64_t>1 << bits
-        self.written_mask = self.written_size - 1
-        self.written = np.zeros(2 * self.written_size, dtype=np.int64)  # stamp 0: never written
+        self.size_written(MIN_NEED_BITS)
+        self.written_count = 0
+        self.write_new = np.zeros(max(n_workers, 8 * threads + 1), dtype=np.int64)
         self.iteration = -1
 
         cdef int64_t n_ev = (4 if het else 3) * max_pairs  # HET: check, pull and an eviction per pair, + update
@@ -620,8 +621,36 @@ cdef class ClusterState:
         return (self.need_masks[k * self.words + (bit >> 6)] >> (bit & 63)) & 1
 
     # ------------------------------------------------------- written-row sets
-    cdef inline void mark_written(self, int64_t row) noexcept nogil:
-        """``row`` is written to the PS in the current iteration (threads may mark at once).
+    cdef void size_written(self, int bits):
+        """Empty written-row tables of ``2 ** bits`` entries each (stamp 0: never written)."""
+        self.written_shift = 64 - bits
+        self.written_size = <int64_t>1 << bits
+        self.written_mask = self.written_size - 1
+        self.written = np.zeros(2 * self.written_size, dtype=np.int64)
+
+    cdef void make_room_to_write(self, int64_t rows):
+        """Room for ``rows`` more in the current iteration's table at load <= 1/2: larger tables that
+        keep both iterations' rows (the others count as free anyway)."""
+        cdef int64_t[::1] old
+        cdef int64_t old_size, half, i, entry, stamp, j
+        if self.written_count + rows <= self.written_size // 2:
+            return
+        old, old_size = self.written, self.written_size
+        self.size_written(table_bits(2 * (self.written_count + rows)))
+        for half in range(2):
+            stamp = written_stamp(self.iteration if (self.iteration & 1) == half else self.iteration - 1)
+            for i in range(half * old_size, (half + 1) * old_size):
+                entry = old[i]
+                if (entry & ~LOW32) != stamp:
+                    continue
+                j = fib_home(entry & LOW32, self.written_shift)
+                while self.written[half * self.written_size + j] != 0:
+                    j = (j + 1) & self.written_mask
+                self.written[half * self.written_size + j] = entry
+
+    cdef inline bint mark_written(self, int64_t row) noexcept nogil:
+        """``row`` is written to the PS in the current iteration (threads may mark at once); True if it
+        was not marked yet. Callers made room (:meth:`make_room_to_write`).
 
         Which entry a row lands in depends on the threads' timing; whether
         it is in the set does not, and that is all :meth:`written_before` reads.
@@ -633,10 +662,10 @@ cdef class ClusterState:
             entry = load_i64(&self.written[base + i])
             if (entry & ~LOW32) != stamp:
                 if cas_i64_if(&self.written[base + i], entry, stamp | row, self.shared):
-                    return
+                    return True
                 continue  # another thread took the entry: look at it again
             if (entry & LOW32) == row:
-                return
+                return False
             i = (i + 1) & self.written_mask
 
     cdef inline bint written_before(self, int64_t row) noexcept nogil:
@@ -665,8 +694,6 @@ cdef class ClusterState:
         self.ev_pair[n] = pair
         self.ev_early[n] = 0
         self.ev_value[n] = 0
-        if self.annotate and kind != K_PULL and kind != K_LOCAL and kind != K_P2P and kind != K_VERSION_CHECK:
-            self.mark_written(row)
 
     cdef void start_events(self) noexcept nogil:
         cdef int64_t k
@@ -881,6 +908,7 @@ cdef class ClusterState:
             raise StateError("train() needs set_needs() (or the previous plan()) first")
         cdef int w, bad_worker = -1
         cdef int64_t per_pair = 3 if self.staleness >= 0 else 2  # most pull-side events of one pair
+        self.written_count = 0  # the new iteration's table: its rows of two iterations ago count as free
         with nogil:
             self.iteration += 1
             self.start_events()
@@ -906,6 +934,19 @@ cdef class ClusterState:
                 self.add_run(self.update_base, self.update_base + self.n_pairs)
                 self.total_kinds()
                 self.spans_valid = True
+        if bad_worker < 0:
+            if self.annotate:
+                self.make_room_to_write(self.kind_total[K_WRITEBACK] + self.kind_total[K_ACCUMULATE]
+                                        + self.kind_total[K_FULL_SET_PUSH] + self.kind_total[K_DELTA_PUSH]
+                                        + self.kind_total[K_DELTA_WRITEBACK])
+                with nogil:
+                    for w in prange(self.n_workers, num_threads=self.threads, schedule="dynamic"):
+                        self.write_new[w] = self.mark_writes(self.pull_span[2 * w], self.pull_span[2 * w + 1]) \
+                            + self.mark_writes(self.update_base + self.worker_start[w],
+                                               self.update_base + self.worker_start[w + 1])
+                    for w in range(self.n_workers):
+                        self.written_count += self.write_new[w]
+            with nogil:
                 self.digest_events()
         if bad_worker >= 0:
             bad_row = self.worker_bad[bad_worker]
@@ -1047,6 +1088,20 @@ cdef class ClusterState:
             if self.ev_kind[n] == K_PULL:
                 self.ev_early[n] = not self.written_before(self.ev_row[n])
 
+    cdef int64_t mark_writes(self, int64_t start, int64_t end) noexcept nogil:
+        """Mark the rows that events ``[start, end)`` write to the PS (write-backs, Accumulates, pushes);
+        returns how many were new to the set. A pass of its own, after the events: its misses overlap."""
+        cdef int64_t n, added = 0
+        cdef int64_t base = (self.iteration & 1) * self.written_size
+        cdef int kind
+        for n in range(start, end):
+            if n + FAR_AHEAD < end:
+                prefetch(&self.written[base + fib_home(self.ev_row[n + FAR_AHEAD], self.written_shift)])
+            kind = self.ev_kind[n]
+            if kind != K_PULL and kind != K_LOCAL and kind != K_P2P and kind != K_VERSION_CHECK:
+                added += self.mark_written(self.ev_row[n])
+        return added
+
     cdef void update(self) noexcept nogil:
         """Step 4: who holds the latest value of each trained row after the update.
 
@@ -1072,13 +1127,12 @@ cdef class ClusterState:
         cdef int32_t pair
         cdef int64_t kinds[N_KINDS]  # counted here, added once: neighbours' counts share cache lines
         memset(kinds, 0, sizeof(kinds))
-        cdef int64_t last = self.worker_start[w + 1], written = (self.iteration & 1) * self.written_size
+        cdef int64_t last = self.worker_start[w + 1]
         for p in range(self.worker_start[w], last):
-            if p + FAR_AHEAD < last:  # a shared row's reads: its trainers, its record, its written-set entry
+            if p + FAR_AHEAD < last:  # a shared row's reads: its trainers, its record
                 need = self.pair_need[p + FAR_AHEAD]
                 prefetch(&self.need_trainers[need])
                 prefetch(&self.need_masks[need * self.words])
-                prefetch(&self.written[written + fib_home(self.pair_row[p + FAR_AHEAD], self.written_shift)])
             n = self.update_base + p
             pair = <int32_t>(p - self.worker_start[w])
             need = self.pair_need[p]
@@ -1278,8 +1332,14 @@ cdef class ClusterState:
             for c in range(chunks):
                 total += self.chunk_fill[c]
                 self.chunk_fill[c] = total - self.chunk_fill[c]
+        if self.annotate:
+            self.make_room_to_write(total)
+        with nogil:
             for c in prange(chunks, num_threads=self.threads, schedule="static"):
-                self.record_pushes(c * self.n_pairs // chunks, (c + 1) * self.n_pairs // chunks, self.chunk_fill[c])
+                self.write_new[c] = self.record_pushes(c * self.n_pairs // chunks, (c + 1) * self.n_pairs // chunks,
+                                                       self.chunk_fill[c])
+            for c in range(chunks):
+                self.written_count += self.write_new[c]
             self.add_run(0, total)
             self.kind_total[K_PLAN_PUSH] = total
             self.digest_events()
@@ -1325,9 +1385,10 @@ cdef class ClusterState:
                 x = x & (x - 1)
         return -1
 
-    cdef void record_pushes(self, int64_t first, int64_t last, int64_t n) noexcept nogil:
-        """The plan pushes :meth:`find_pushes` chose among pairs ``[first, last)``, as events from ``n`` on."""
-        cdef int64_t p, e
+    cdef int64_t record_pushes(self, int64_t first, int64_t last, int64_t n) noexcept nogil:
+        """The plan pushes :meth:`find_pushes` chose among pairs ``[first, last)``, as events from ``n`` on;
+        returns the rows new to the written set (annotating)."""
+        cdef int64_t p, e, added = 0
         cdef int owner
         for p in range(first, last):
             owner = self.tmp_need[p]
@@ -1336,7 +1397,10 @@ cdef class ClusterState:
             e = self.pair_row[p]
             self.record(n, K_PLAN_PUSH, owner, e, self.find(owner, e), EMPTY)
             self.set_bit(e, PS_BIT)
+            if self.annotate:
+                added += self.mark_written(e)
             n += 1
+        return added
 
     # ------------------------------------------------------------- flushing
     def flush_dirty(self):
@@ -1439,6 +1503,12 @@ cdef class ClusterState:
             raise ValueError(f"saved cluster state has (workers, rows, slots, buckets, max pairs, full set, p2p) = "
                              f"{tuple(int(x) for x in scalars[2:])}, this one {tuple(expected)}")
         mine = self._persistent()
+        written = np.asarray(arrays["written"])
+        half = len(written) // 2
+        if written.ndim != 1 or written.dtype != np.int64 or half < 16 or half & (half - 1) or len(written) != 2 * half:
+            raise ValueError(f"saved cluster state's written-row tables are {written.shape} {written.dtype}: "
+                             f"expected two tables of a power of two (>= 16) int64 entries")
+        del mine["written"]  # their size follows the rows written, not the shape
         for name, view in mine.items():
             saved = np.asarray(arrays[name])
             if saved.shape != view.shape or saved.dtype != view.dtype:
@@ -1448,6 +1518,10 @@ cdef class ClusterState:
         for name, view in mine.items():
             view[:] = arrays[name]
         self.iteration, self.epoch = scalars[0], <int32_t>scalars[1]
+        self.size_written(table_bits(half))
+        np.asarray(self.written)[:] = written
+        current = written[(self.iteration & 1) * half:((self.iteration & 1) + 1) * half]
+        self.written_count = int(((current & ~LOW32) == written_stamp(self.iteration)).sum())
         self.needs_ready = False
 
     def _check_loaded(self, arrays):
@@ -1481,6 +1555,8 @@ cdef class ClusterState:
             n_workers=self.n_workers, n_rows=self.n_rows, capacity=self.capacity, full_set=self.full_set,
             max_pairs=self.max_pairs, p2p=self.p2p, policy="lru" if self.buckets == 1 else "lfu", focus=self.focus,
             annotate=self.annotate, staleness=self.staleness, threads=self.threads)
+        clone.size_written(64 - self.written_shift)
+        clone.written_count = self.written_count
         theirs = clone._persistent()
         for name, view in self._persistent().items():
             theirs[name][:] = view

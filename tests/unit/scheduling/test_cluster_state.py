@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hybrid._ext.cluster_state import KIND_NAMES, ClusterState, StateError
+from hybrid._ext.cluster_state import KIND_NAMES, PUSH_KINDS, ClusterState, StateError
 from state_oracle import PS, OracleState
 
 
@@ -370,3 +370,28 @@ def test_the_needs_table_grows_and_shrinks_with_the_batches_distinct_rows(thread
         assert np.array_equal(mine[index], rows[chosen])
         assert state.counts()["accumulate"] + state.counts()["local"] == sum(
             len(np.unique(rows[alloc == w])) for w in range(n_workers))
+
+
+@pytest.mark.parametrize("full_set", [False, True])
+def test_pulls_are_prefetchable_exactly_when_the_previous_iteration_wrote_nothing_to_the_row(full_set):
+    """The written-row tables start small and grow within a call (a full-set batch writes ~45,000 rows):
+    a pull is prefetchable iff neither the previous train() nor its plan() wrote the row to the PS."""
+    rng = np.random.default_rng(5)
+    n_workers, n_rows, tables = 3, 200_000, 4
+    state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=30_000, full_set=full_set,
+                         max_pairs=12_000 * tables)
+    pushes = [KIND_NAMES.index(k) for k in PUSH_KINDS]
+    written = set()
+    batches = [rng.integers(0, spread, size=(samples, tables)).astype(np.int64)
+               for samples, spread in ((60, 50), (12_000, n_rows), (12_000, 60_000), (60, 50), (12_000, n_rows))]
+    state.set_needs(batches[0], np.zeros(len(batches[0]), dtype=np.int32))
+    for t, rows in enumerate(batches):
+        state.train()
+        kind, _, row, _ = state.events()
+        pulled = kind == KIND_NAMES.index("pull")
+        assert state.prefetchable()[pulled].tolist() == [int(r) not in written for r in row[pulled]]
+        written = set(row[np.isin(kind, pushes)].tolist())
+        following = batches[t + 1] if t + 1 < len(batches) else None
+        state.plan(following, None if following is None else (np.arange(len(following)) % n_workers).astype(np.int32))
+        kind, _, row, _ = state.events()
+        written |= set(row[np.isin(kind, pushes)].tolist())

@@ -223,3 +223,34 @@ def test_a_saved_state_of_another_shape_is_refused(criteo_like):
     fresh = modes.scheduler_for(_config(criteo_like), cardinalities=store.cardinalities)
     with pytest.raises(ValueError, match="lru_next links outside the cache"):
         next(fresh.plans((b.sparse for b in store.batches(64, start_batch=1)), resume=damaged))
+
+
+def test_written_row_tables_of_any_size_are_loaded_and_a_damaged_one_is_refused(criteo_like):
+    """The written-row tables follow the rows written, so a saved pair of any power-of-two size loads
+    (one sized for every pair, as states saved before they followed the rows, included)."""
+    store = BatchStore(criteo_like)
+    config = _config(criteo_like)
+    full = _digests(config, store, 12)
+    scheduler = modes.scheduler_for(config, cardinalities=store.cardinalities, worker=0)
+    for plan in scheduler.plans(b.sparse for b in store.batches(config.global_batch)):
+        if plan.step == 5:
+            arrays = scheduler.save_arrays()
+            break
+    written = arrays["state.written"]
+    half, mask = len(written) // 2, np.int64((1 << 32) - 1)
+    larger = np.zeros(8 * half, dtype=np.int64)  # the same entries in tables four times larger
+    for h in range(2):
+        for entry in written[h * half:(h + 1) * half][written[h * half:(h + 1) * half] != 0]:
+            j = int(((int(entry & mask) * 0x9E3779B97F4A7C15) % 2**64) >> (64 - int(np.log2(4 * half))))
+            while larger[h * 4 * half + j]:
+                j = (j + 1) % (4 * half)
+            larger[h * 4 * half + j] = entry
+    batches = lambda: (b.sparse for b in store.batches(config.global_batch, start_batch=6))
+    for table in (written, larger):
+        resumed = modes.scheduler_for(config, cardinalities=store.cardinalities, worker=0)
+        plans = [p.digest for p, _ in zip(resumed.plans(batches(), resume=dict(arrays, **{"state.written": table})),
+                                          range(6))]
+        assert plans == full[6:]
+    fresh = modes.scheduler_for(config, cardinalities=store.cardinalities)
+    with pytest.raises(ValueError, match="written-row tables"):
+        next(fresh.plans(batches(), resume=dict(arrays, **{"state.written": written[:-1]})))
