@@ -351,7 +351,7 @@ cdef class ClusterState:
         self.focus_entry = np.zeros(max_pairs, dtype=np.int32)
         self.n_focus = 0
 
-        self.size_written(MIN_NEED_BITS)
+        self.size_written(MIN_NEED_BITS)  # as small as the smallest needs table: both grow with the batches
         self.written_count = 0
         self.write_new = np.zeros(max(n_workers, 8 * threads + 1), dtype=np.int64)
         self.iteration = -1
