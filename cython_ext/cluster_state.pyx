@@ -1603,12 +1603,19 @@ cdef class ClusterState:
         cdef int64_t[::1] per = out
         cdef int64_t k, r
         cdef int32_t kind
+        cdef int w
         with nogil:
-            for r in range(self.n_runs):
-                for k in range(self.runs[2 * r], self.runs[2 * r + 1]):
-                    kind = self.ev_kind[k]
-                    if kind != K_LOCAL and kind != K_VERSION_CHECK:
-                        per[self.ev_worker[k]] += 1
+            if self.spans_valid:  # after train(): from each worker's counts by kind, not its events
+                for w in range(self.n_workers):
+                    for kind in range(N_KINDS):
+                        if kind != K_LOCAL and kind != K_VERSION_CHECK:
+                            per[w] += self.worker_kinds[w * N_KINDS + kind]
+            else:  # after plan(): its pushes (no counts per worker)
+                for r in range(self.n_runs):
+                    for k in range(self.runs[2 * r], self.runs[2 * r + 1]):
+                        kind = self.ev_kind[k]
+                        if kind != K_LOCAL and kind != K_VERSION_CHECK:
+                            per[self.ev_worker[k]] += 1
         return out
 
     def _in_order(self, array):

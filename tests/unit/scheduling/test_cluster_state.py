@@ -275,6 +275,8 @@ def test_a_worker_reads_its_own_share_of_each_iteration(instance, focus):
         assert slots.tolist() == [state.slot_of(focus, int(e)) for e in mine]
         groups = state.worker_events(focus)
         kind, worker, row, slot = state.events()
+        moved = ~np.isin(kind, [KIND_NAMES.index("local"), KIND_NAMES.index("version_check")])
+        assert state.worker_transmissions().tolist() == np.bincount(worker[moved], minlength=n_workers).tolist()
         for k, name in enumerate(KIND_NAMES):
             chosen = (worker == focus) & (kind == k)
             assert groups[name]["rows"].tolist() == row[chosen].tolist()
@@ -285,6 +287,8 @@ def test_a_worker_reads_its_own_share_of_each_iteration(instance, focus):
             assert mine[groups[k]["pairs"]].tolist() == groups[k]["rows"].tolist()
         assert groups["pull"]["early"].tolist() == state.prefetchable()[(worker == focus) & (kind == 0)].tolist()
         state.plan(*((rows[t + 1], allocs[t + 1]) if t + 1 < len(rows) else (None, None)))
+        kind, worker, _, _ = state.events()
+        assert state.worker_transmissions().tolist() == np.bincount(worker, minlength=n_workers).tolist()
 
 
 @settings(max_examples=100, deadline=None)
