@@ -102,8 +102,10 @@ cdef bint plainly_valid(const int32_t[::1] offsets, const unsigned char* base, i
         ok &= allowed[base[i]]
     if not ok:
         return False
-    if kind == KIND_BIT:
-        return offsets[n] - offsets[0] == n
+    if kind == KIND_BIT:  # each value one byte: a total of n bytes is not enough ("" and "00" make 2)
+        for i in range(n):
+            ok &= offsets[i + 1] - offsets[i] == 1
+        return ok
     if not allow_empty:
         for i in range(n):
             ok &= offsets[i + 1] > offsets[i]

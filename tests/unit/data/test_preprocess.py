@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from hybrid._ext.text_columns import KINDS, StringDictionary, check_column, log1p_ints
 from hybrid.cli import main
@@ -285,6 +285,7 @@ PATTERNS = {"hex": _HEX, "uint": _UINT, "int": _INT, "bit": r"^[01]$"}
 @settings(max_examples=200, deadline=None)
 @given(values=st.lists(st.text(alphabet="01-9aFg ", max_size=4), min_size=1, max_size=20),
        kind=st.sampled_from(sorted(PATTERNS)), allow_empty=st.booleans())
+@example(values=["", "00"], kind="bit", allow_empty=False)  # 2 bytes for 2 values, yet neither is a bit
 def test_the_check_kernels_accept_exactly_their_patterns(values, kind, allow_empty):
     import re
 
