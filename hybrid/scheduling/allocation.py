@@ -118,14 +118,14 @@ class LaiaAllocation(AllocationPolicy):
         n = len(rows)
         start = time.perf_counter()
         tables = np.arange(rows.shape[1], dtype=np.int32) if self.tables is None else self.tables
-        holders = dict(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
+        scoring = dict(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
                        rows=rows, tables=tables, threads=self.threads)
         if self.cost:  # cost scoring reads the holders itself; the orders need only each sample's margin
-            gaps = laia.fresh_margins(**holders) if self.confident or self.looks_ahead else None
+            gaps = laia.fresh_margins(**scoring) if self.confident or self.looks_ahead else None
         else:
             if self._scores.shape[0] != n:
                 self._scores = np.zeros((n, self.n_workers), dtype=np.int32)
-            laia.score(out=self._scores, **holders)
+            laia.score(out=self._scores, **scoring)
         scored = time.perf_counter()
         if n not in self._layouts:
             capacity = capacities(n, self.n_workers)
