@@ -641,7 +641,7 @@ cdef class ClusterState:
             stamp = written_stamp(self.iteration if (self.iteration & 1) == half else self.iteration - 1)
             for i in range(half * old_size, (half + 1) * old_size):
                 entry = old[i]
-                if (entry & ~LOW32) != stamp:
+                if entry == 0 or (entry & ~LOW32) != stamp:  # free (before the first train(), a stamp is 0)
                     continue
                 j = fib_home(entry & LOW32, self.written_shift)
                 while self.written[half * self.written_size + j] != 0:
