@@ -37,56 +37,77 @@ cdef enum:
     AHEAD = 8            # BatchCosts.merge_parts: table entries between a row's prefetch and its use
 
 
-def score(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
-          const int32_t[::1] tables, int32_t[:, ::1] out, int threads=1):
-    """``out[i, w]`` = rows of sample ``i`` (in the given ``tables``) fresh on worker ``w``."""
-    cdef Py_ssize_t n_samples = rows.shape[0], n_tables = rows.shape[1]
-    if out.shape[0] != n_samples or out.shape[1] != n_workers:
-        raise ValueError(f"out: expected shape ({n_samples}, {n_workers}), got ({out.shape[0]}, {out.shape[1]})")
+cdef void check_scoring(int words, int n_workers, Py_ssize_t n_tables, const int32_t[::1] tables) except *:
+    """The holder words hold PS + workers, and ``tables`` name tables of the batch."""
+    cdef Py_ssize_t k
     if words * 64 < n_workers + 1:
         raise ValueError(f"{words} holder words cannot hold PS + {n_workers} workers")
-    cdef Py_ssize_t k
     for k in range(tables.shape[0]):
         if tables[k] < 0 or tables[k] >= n_tables:
             raise ValueError(f"tables[{k}] = {tables[k]} is not a table in [0, {n_tables})")
-    cdef Py_ssize_t i, w, word
+
+
+cdef inline void count_fresh(const uint64_t* holders, int words, const int64_t* rows, Py_ssize_t n_tables,
+                             const int32_t* tables, Py_ssize_t n_scored, Py_ssize_t i, int32_t* counts,
+                             bint prefetch_next) noexcept nogil:
+    """Add to ``counts[w]`` the rows of sample ``i`` (C-ordered ``rows`` of ``n_tables``; the given
+    tables) that worker ``w`` holds fresh; prefetch the next sample's holders first."""
+    cdef Py_ssize_t k, word
     cdef int64_t e
     cdef uint64_t x
+    if prefetch_next:  # overlap the next sample's (random) holder reads
+        for k in range(n_scored):
+            prefetch(&holders[rows[(i + 1) * n_tables + tables[k]] * words])
+    for k in range(n_scored):
+        e = rows[i * n_tables + tables[k]]
+        for word in range(words):
+            x = holders[e * words + word]
+            if word == 0:
+                x = x & ~(<uint64_t>1)  # bit 0 is the PS
+            while x:
+                counts[64 * word + ctz64(x) - 1] += 1
+                x = x & (x - 1)
+
+
+cdef inline int32_t margin_of(const int32_t* scores, Py_ssize_t n_workers) noexcept nogil:
+    """Second-best of ``n_workers`` (>= 2) scores less the best: branch-free, the compiler vectorizes it."""
+    cdef int32_t best = max(scores[0], scores[1]), second = min(scores[0], scores[1]), x
+    cdef Py_ssize_t w
+    for w in range(2, n_workers):
+        x = scores[w]
+        second = max(second, min(best, x))
+        best = max(best, x)
+    return second - best
+
+
+def score(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
+          const int32_t[::1] tables, int32_t[:, ::1] out, int threads=1):
+    """``out[i, w]`` = rows of sample ``i`` (in the given ``tables``) fresh on worker ``w``."""
+    cdef Py_ssize_t n_samples = rows.shape[0], n_tables = rows.shape[1], i, w
+    if out.shape[0] != n_samples or out.shape[1] != n_workers:
+        raise ValueError(f"out: expected shape ({n_samples}, {n_workers}), got ({out.shape[0]}, {out.shape[1]})")
+    check_scoring(words, n_workers, n_tables, tables)
+    if n_samples == 0 or tables.shape[0] == 0:
+        out[:, :] = 0
+        return
     with nogil:
         for i in prange(n_samples, num_threads=threads, schedule="static"):
             for w in range(n_workers):
                 out[i, w] = 0
-            if i + 1 < n_samples:  # overlap the next sample's (random) holder reads
-                for k in range(tables.shape[0]):
-                    prefetch(&holders[rows[i + 1, tables[k]] * words])
-            for k in range(tables.shape[0]):
-                e = rows[i, tables[k]]
-                for word in range(words):
-                    x = holders[e * words + word]
-                    if word == 0:
-                        x = x & ~(<uint64_t>1)  # bit 0 is the PS
-                    while x:
-                        out[i, 64 * word + ctz64(x) - 1] += 1
-                        x = x & (x - 1)
+            count_fresh(&holders[0], words, &rows[0, 0], n_tables, &tables[0], tables.shape[0], i, &out[i, 0],
+                        i + 1 < n_samples)
 
 
 def margins(*, const int32_t[:, ::1] scores, int threads=1):
     """Per sample, its second-best score less its best (<= 0; 0 when the best is shared), as int32."""
-    cdef Py_ssize_t n_samples = scores.shape[0], n_workers = scores.shape[1], i, w
+    cdef Py_ssize_t n_samples = scores.shape[0], n_workers = scores.shape[1], i
     out_array = np.zeros(n_samples, dtype=np.int32)
     cdef int32_t[::1] out = out_array
-    cdef int32_t best, second, x
     if n_workers < 2:
         return out_array
     with nogil:
         for i in prange(n_samples, num_threads=threads, schedule="static"):
-            best = max(scores[i, 0], scores[i, 1])
-            second = min(scores[i, 0], scores[i, 1])
-            for w in range(2, n_workers):  # branch-free: the compiler vectorizes it
-                x = scores[i, w]
-                second = max(second, min(best, x))
-                best = max(best, x)
-            out[i] = second - best
+            out[i] = margin_of(&scores[i, 0], n_workers)
     return out_array
 
 
@@ -99,44 +120,21 @@ def fresh_margins(*, const uint64_t[::1] holders, int words, int n_workers, cons
     matrix (8 MB at 128 workers x 16,384 samples) would be written and read
     back from memory for them.
     """
-    cdef Py_ssize_t n_samples = rows.shape[0], i, k, word, w
-    if words * 64 < n_workers + 1:
-        raise ValueError(f"{words} holder words cannot hold PS + {n_workers} workers")
-    for k in range(tables.shape[0]):
-        if tables[k] < 0 or tables[k] >= rows.shape[1]:
-            raise ValueError(f"tables[{k}] = {tables[k]} is not a table in [0, {rows.shape[1]})")
+    cdef Py_ssize_t n_samples = rows.shape[0], n_tables = rows.shape[1], i
+    check_scoring(words, n_workers, n_tables, tables)
     out_array = np.zeros(n_samples, dtype=np.int32)
     cdef int32_t[::1] out = out_array
     cdef int32_t* counts
-    cdef int32_t best, second, x
-    cdef int64_t e
-    cdef uint64_t bits
-    if n_workers < 2:
+    if n_workers < 2 or n_samples == 0 or tables.shape[0] == 0:
         return out_array
     with nogil, parallel(num_threads=threads):
         counts = <int32_t*>calloc(n_workers, sizeof(int32_t))
         if counts == NULL:
             abort()
         for i in prange(n_samples, schedule="static"):
-            if i + 1 < n_samples:  # overlap the next sample's (random) holder reads
-                for k in range(tables.shape[0]):
-                    prefetch(&holders[rows[i + 1, tables[k]] * words])
-            for k in range(tables.shape[0]):
-                e = rows[i, tables[k]]
-                for word in range(words):
-                    bits = holders[e * words + word]
-                    if word == 0:
-                        bits = bits & ~(<uint64_t>1)  # bit 0 is the PS
-                    while bits:
-                        counts[64 * word + ctz64(bits) - 1] += 1
-                        bits = bits & (bits - 1)
-            best = max(counts[0], counts[1])
-            second = min(counts[0], counts[1])
-            for w in range(2, n_workers):  # as margins(): branch-free
-                x = counts[w]
-                second = max(second, min(best, x))
-                best = max(best, x)
-            out[i] = second - best
+            count_fresh(&holders[0], words, &rows[0, 0], n_tables, &tables[0], tables.shape[0], i, counts,
+                        i + 1 < n_samples)
+            out[i] = margin_of(counts, n_workers)
             memset(counts, 0, n_workers * sizeof(int32_t))
         free(counts)
     return out_array
