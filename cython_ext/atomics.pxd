@@ -2,8 +2,8 @@
 #
 # The scheduler's threads write disjoint parts of the cluster state, except
 # where two workers touch the same row: its holder bits (different bits of
-# one word), the insert-only hash sets (needs, written rows) and the rows'
-# use counts. Those writes use these GCC
+# one word), the insert-only needs table, the written-row bitmap and the
+# rows' use counts. Those writes use these GCC
 # builtins; everything a thread alone writes stays plain. The ``*_if``
 # forms take ``shared`` (more than one thread runs): a locked instruction
 # drains the store buffer and stalls the loads behind it, so one thread

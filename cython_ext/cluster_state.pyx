@@ -38,16 +38,17 @@ them, and its events, state and digest are those of one thread. Workers'
 needs, pulls and updates run one worker per thread, each writing its own
 cache, its own events (a region per worker) and its own holder bit of a row
 (atomically: other workers' bits share the word); rows' holders after the
-update and the plan's pushes run by row. The insert-only hash sets (needs,
-written rows) take entries by compare-and-swap, so where a row lands in
-them depends on timing, never whether it is there.
+update and the plan's pushes run by row. The insert-only needs table takes
+entries by compare-and-swap, so where a row lands in it depends on timing,
+never whether it is there.
 
 Memory, per rank: 8 bytes per embedding row per 64 holders (the holder bits),
 24 bytes per cache slot of every worker (4 row + 8 replacement links + 12 for
 the row -> slot table of 8-byte entries at load <= 2/3; LFU adds 4), and
 scratch that follows the global batch (the event records and the pairs:
-about 250 bytes per (worker, row) pair of a batch; the needs and written-row
-tables follow the distinct rows a batch needs and an iteration writes).
+about 250 bytes per (worker, row) pair of a batch; the needs table follows
+the distinct rows a batch needs), and two bitmaps of the rows written to the
+PS (1/4 byte per row, 1/8 more for the lists of their words in use).
 Nothing per iteration touches an array of table or cache size.
 """
 import hashlib
@@ -58,7 +59,7 @@ from cython.parallel cimport prange, threadid
 from libc.stdint cimport INT64_MAX, int8_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memset
 
-from atomics cimport and_u64_if, cas_i64_if, fetch_add_i64, load_i64, or_u64_if, store_i64
+from atomics cimport and_u64_if, cas_i64_if, fetch_add_i64, fetch_or_u64, load_i64, or_u64_if, store_i64
 from counter_hash cimport mix64
 
 cdef extern from *:
@@ -76,6 +77,7 @@ cdef enum:
     LFU_BUCKETS = 256
     NEED_BLOCK = 64  # need indices a thread takes at once: threads share no counter and few cache lines
     MIN_NEED_BITS = 14  # the smallest needs table: 16384 entries
+    DIGEST_SPAN = 8192  # events hashed as one task of digest_events
 
 # Event kinds recorded by train() and plan(); the runtime executes them, the
 # simulator counts them (docs/design.md section 6).
@@ -126,9 +128,28 @@ cdef inline int64_t fib_home(int64_t row, int shift) noexcept nogil:
     return <int64_t>((<uint64_t>row * GOLDEN) >> shift)
 
 
-cdef inline int64_t written_stamp(int64_t iteration) noexcept nogil:
-    """The written-set stamp of ``iteration`` (>= -1; plan() may run before the first train()), never 0."""
-    return ((iteration + 2) & LOW32) << 32
+def saved_written_rows(arrays, int64_t iteration, int64_t n_rows):
+    """The rows a saved state's iteration ``iteration`` wrote to the PS, checked.
+
+    States saved before the bitmaps kept two hash tables ("written") of
+    ``stamp << 32 | row`` entries, iteration t's in table t & 1 with stamp
+    (t + 2) << 32; they still load.
+    """
+    if "written_rows" in arrays:
+        rows = np.asarray(arrays["written_rows"])
+        if rows.ndim != 1 or rows.dtype != np.int64 or ((rows < 0) | (rows >= n_rows)).any():
+            raise ValueError(f"saved cluster state's written rows must be int64 rows in [0, {n_rows})")
+        return np.ascontiguousarray(rows)
+    tables = np.asarray(arrays["written"])
+    half = len(tables) // 2
+    if tables.ndim != 1 or tables.dtype != np.int64 or half < 16 or half & (half - 1) or len(tables) != 2 * half:
+        raise ValueError(f"saved cluster state's written-row tables are {tables.shape} {tables.dtype}: "
+                         f"expected two tables of a power of two (>= 16) int64 entries")
+    current = tables[(iteration & 1) * half:((iteration & 1) + 1) * half]
+    rows = current[(current >> 32) == ((iteration + 2) & LOW32)] & LOW32
+    if ((rows >= n_rows)).any():
+        raise ValueError(f"saved cluster state's written-row tables name rows outside [0, {n_rows})")
+    return np.sort(rows).astype(np.int64)
 
 
 cdef int table_bits(int64_t entries):
@@ -193,6 +214,7 @@ cdef class ClusterState:
     cdef int max_need_bits                   # entries for max_pairs distinct rows at load 1/2
     cdef int64_t need_limit                  # indices handed out before the table counts as full
     cdef bint need_overflow                  # set_needs reached need_limit: rebuilt in a larger table
+    cdef bint need_bad_row                   # set_needs met a row outside [0, n_rows): refused
     cdef int32_t epoch
     cdef int64_t n_need                      # need indices handed out; a thread's unused ones hold row -1
     cdef int64_t[::1] need_claim             # thread t: next and end of its block of need indices at [8t]
@@ -224,17 +246,13 @@ cdef class ClusterState:
     cdef int32_t[::1] focus_entry
     cdef int64_t n_focus
 
-    # Rows written to the PS (Accumulate, Put, write-back) by iteration t, in
-    # table t & 1 with stamp t: the previous iteration's set decides which
-    # pulls are prefetchable. Entries of older iterations count as free. The
-    # tables follow the rows an iteration writes (a batch repeats rows), and
-    # grow before a call marks more than half of one.
-    cdef int64_t[::1] written                # entry: stamp(iteration) << 32 | row; other stamps count as free
-    cdef int written_shift
-    cdef int64_t written_mask
-    cdef int64_t written_size
-    cdef int64_t written_count               # rows in the current iteration's table
-    cdef int64_t[::1] write_new              # per worker (train) or chunk (plan): rows it added to the set
+    # Rows written to the PS (Accumulate, Put, write-back) by iteration t: bit ``row`` of bitmap t & 1.
+    # The previous iteration's bitmap decides which pulls are prefetchable. A bitmap lists the words
+    # it set, so that emptying it for reuse costs the rows written two iterations before, not n_rows.
+    cdef uint64_t[::1] written               # bitmap h: words [h * written_words, (h + 1) * written_words)
+    cdef int64_t written_words
+    cdef int64_t[::1] written_set            # bitmap h's words in use, from h * written_words on
+    cdef int64_t[::1] written_fill           # [8h]: their count (the two a cache line apart)
     cdef readonly int64_t iteration          # train() calls so far, minus one
 
     # Event records of the last train()/plan() call. After train() they are
@@ -260,6 +278,8 @@ cdef class ClusterState:
     cdef int64_t update_base
     cdef bint spans_valid                    # False after plan(): plan pushes are in need order
     cdef readonly uint64_t event_digest      # hash of the last call's events
+    cdef int64_t[::1] span_ends              # digest_events: [2b], [2b + 1] the events of span b
+    cdef uint64_t[::1] span_hash             # and its hash
 
 
     def __init__(self, *, int n_workers, int64_t n_rows, int64_t capacity, bint full_set,
@@ -351,9 +371,10 @@ cdef class ClusterState:
         self.focus_entry = np.zeros(max_pairs, dtype=np.int32)
         self.n_focus = 0
 
-        self.size_written(MIN_NEED_BITS)  # as small as the smallest needs table: both grow with the batches
-        self.written_count = 0
-        self.write_new = np.zeros(max(n_workers, 8 * threads + 1), dtype=np.int64)
+        self.written_words = (n_rows + 63) // 64
+        self.written = np.zeros(2 * self.written_words, dtype=np.uint64)
+        self.written_set = np.zeros(2 * self.written_words, dtype=np.int64)
+        self.written_fill = np.zeros(16, dtype=np.int64)
         self.iteration = -1
 
         cdef int64_t n_ev = (4 if het else 3) * max_pairs  # HET: check, pull and an eviction per pair, + update
@@ -374,6 +395,8 @@ cdef class ClusterState:
         self.n_events = 0
         self.runs = np.zeros(2 * (n_workers + 1), dtype=np.int64)
         self.n_runs = 0
+        self.span_ends = np.zeros(2 * (n_ev // DIGEST_SPAN + n_workers + 2), dtype=np.int64)
+        self.span_hash = np.zeros(n_ev // DIGEST_SPAN + n_workers + 2, dtype=np.uint64)
         self.event_digest = 0
 
     # ---------------------------------------------------------------- holders
@@ -574,6 +597,16 @@ cdef class ClusterState:
                 return -1
             i = (i + 1) & self.need_mask
 
+    cdef inline int64_t need_of(self, int64_t row, int thread) noexcept nogil:
+        """:meth:`need_insert`, its common case inline: a row of the batch seen before, in its home entry."""
+        cdef int64_t i = fib_home(row, self.need_shift)
+        cdef int64_t epoch_bits = (<int64_t>self.epoch) << 32, tag
+        if load_i64(&self.need_table[2 * i]) == (epoch_bits | row):
+            tag = load_i64(&self.need_table[2 * i + 1])
+            if (tag & ~LOW32) == epoch_bits:
+                return tag & LOW32
+        return self.need_insert(row, thread)
+
     cdef int64_t need_insert(self, int64_t row, int thread) noexcept nogil:
         """Index of ``row`` among the needs being set; the first thread to see it gives it an index.
 
@@ -621,66 +654,34 @@ cdef class ClusterState:
         return (self.need_masks[k * self.words + (bit >> 6)] >> (bit & 63)) & 1
 
     # ------------------------------------------------------- written-row sets
-    cdef void size_written(self, int bits):
-        """Empty written-row tables of ``2 ** bits`` entries each (stamp 0: never written)."""
-        self.written_shift = 64 - bits
-        self.written_size = <int64_t>1 << bits
-        self.written_mask = self.written_size - 1
-        self.written = np.zeros(2 * self.written_size, dtype=np.int64)
+    cdef void clear_written(self, int64_t iteration) noexcept nogil:
+        """Empty bitmap ``iteration & 1`` for ``iteration``'s rows (it held those of two iterations before)."""
+        cdef int64_t h = iteration & 1, k, base = h * self.written_words
+        for k in range(self.written_fill[8 * h]):
+            self.written[base + self.written_set[base + k]] = 0
+        self.written_fill[8 * h] = 0
 
-    cdef void make_room_to_write(self, int64_t rows):
-        """Room for ``rows`` more in the current iteration's table at load <= 1/2: larger tables that
-        keep both iterations' rows (the others count as free anyway)."""
-        cdef int64_t[::1] old
-        cdef int64_t old_size, half, i, entry, stamp, j
-        if self.written_count + rows <= self.written_size // 2:
+    cdef inline void mark_written(self, int64_t row) noexcept nogil:
+        """``row`` is written to the PS in the current iteration (threads may mark at once)."""
+        cdef int64_t h = self.iteration & 1, word = h * self.written_words + (row >> 6), k
+        cdef uint64_t bit = (<uint64_t>1) << (row & 63), before
+        if self.written[word] & bit:  # a plain read tells: most rows are marked by several events
             return
-        old, old_size = self.written, self.written_size
-        self.size_written(table_bits(2 * (self.written_count + rows)))
-        for half in range(2):
-            stamp = written_stamp(self.iteration if (self.iteration & 1) == half else self.iteration - 1)
-            for i in range(half * old_size, (half + 1) * old_size):
-                entry = old[i]
-                if entry == 0 or (entry & ~LOW32) != stamp:  # free (before the first train(), a stamp is 0)
-                    continue
-                j = fib_home(entry & LOW32, self.written_shift)
-                while self.written[half * self.written_size + j] != 0:
-                    j = (j + 1) & self.written_mask
-                self.written[half * self.written_size + j] = entry
-
-    cdef inline bint mark_written(self, int64_t row) noexcept nogil:
-        """``row`` is written to the PS in the current iteration (threads may mark at once); True if it
-        was not marked yet. Callers made room (:meth:`make_room_to_write`).
-
-        Which entry a row lands in depends on the threads' timing; whether
-        it is in the set does not, and that is all :meth:`written_before` reads.
-        """
-        cdef int64_t base = (self.iteration & 1) * self.written_size
-        cdef int64_t i = fib_home(row, self.written_shift)
-        cdef int64_t stamp = written_stamp(self.iteration), entry
-        while True:
-            entry = load_i64(&self.written[base + i])
-            if (entry & ~LOW32) != stamp:
-                if cas_i64_if(&self.written[base + i], entry, stamp | row, self.shared):
-                    return True
-                continue  # another thread took the entry: look at it again
-            if (entry & LOW32) == row:
-                return False
-            i = (i + 1) & self.written_mask
+        if self.shared:
+            before = fetch_or_u64(&self.written[word], bit)
+        else:
+            before = self.written[word]
+            self.written[word] = before | bit
+        if before == 0:  # the word's first bit: exactly one thread sees it, and lists the word
+            k = fetch_add_i64(&self.written_fill[8 * h], 1) if self.shared else self.written_fill[8 * h]
+            if not self.shared:
+                self.written_fill[8 * h] = k + 1
+            self.written_set[h * self.written_words + k] = row >> 6
 
     cdef inline bint written_before(self, int64_t row) noexcept nogil:
         """Whether the previous iteration wrote ``row`` to the PS."""
-        cdef int64_t previous = self.iteration - 1
-        cdef int64_t base = (previous & 1) * self.written_size
-        cdef int64_t i = fib_home(row, self.written_shift)
-        cdef int64_t stamp = written_stamp(previous), entry
-        while True:
-            entry = self.written[base + i]
-            if (entry & ~LOW32) != stamp:
-                return False
-            if (entry & LOW32) == row:
-                return True
-            i = (i + 1) & self.written_mask
+        cdef int64_t word = ((self.iteration - 1) & 1) * self.written_words + (row >> 6)
+        return (self.written[word] >> (row & 63)) & 1
 
     # ----------------------------------------------------------------- events
     cdef inline void record(self, int64_t n, int kind, int w, int64_t row, int32_t slot, int32_t pair) noexcept nogil:
@@ -725,30 +726,63 @@ cdef class ClusterState:
             for k in range(N_KINDS):
                 self.kind_total[k] += self.worker_kinds[w * N_KINDS + k]
 
+    cdef inline uint64_t event_word(self, int64_t i) noexcept nogil:
+        """Event ``i``'s fields in one word. A digest, not a checksum of record: fields share bits, and
+        a divergence changes the digest all the same."""
+        cdef uint64_t fields = <uint64_t>self.ev_row[i] | (<uint64_t><uint32_t>self.ev_slot[i] << 32)
+        cdef uint64_t more = <uint64_t><uint32_t>self.ev_worker[i] | (<uint64_t>self.ev_kind[i] << 32) \
+            | (<uint64_t>self.ev_early[i] << 40)
+        if self.ev_kind[i] == K_P2P:
+            more ^= (<uint64_t><uint32_t>self.ev_peer[i] << 8) ^ (<uint64_t><uint32_t>self.ev_peer_slot[i] << 44)
+        more ^= <uint64_t>self.ev_value[i] * GOLDEN
+        return fields ^ ((more << 17) | (more >> 47))
+
+    cdef uint64_t digest_span(self, int64_t first, int64_t last) noexcept nogil:
+        """Hash of events ``[first, last)``: four chains, one per event of every four, so that
+        consecutive events' multiplies overlap instead of waiting on each other."""
+        cdef uint64_t n = <uint64_t>(last - first)
+        cdef uint64_t a = n, b = n + 1, c = n + 2, d = n + 3
+        cdef int64_t i = first
+        while i + 4 <= last:
+            a = (a ^ self.event_word(i)) * GOLDEN
+            b = (b ^ self.event_word(i + 1)) * GOLDEN
+            c = (c ^ self.event_word(i + 2)) * GOLDEN
+            d = (d ^ self.event_word(i + 3)) * GOLDEN
+            a ^= a >> 32
+            b ^= b >> 32
+            c ^= c >> 32
+            d ^= d >> 32
+            i += 4
+        while i < last:
+            a = (a ^ self.event_word(i)) * GOLDEN
+            a ^= a >> 32
+            i += 1
+        return mix64(a ^ mix64(b ^ mix64(c ^ mix64(d))))
+
     cdef void digest_events(self) noexcept nogil:
         """A hash of the recorded events, in order (every rank records them in the same order).
 
-        One multiply-xorshift per event: it runs every iteration, so it must
-        cost little next to recording the events. A digest, not a checksum of
-        record: fields share bits, and a divergence changes it all the same.
+        It runs every iteration, so it must cost little next to recording the
+        events: spans of ``DIGEST_SPAN`` events are hashed in parallel, then
+        chained in order, so the digest is the same at any thread count.
         """
-        cdef int64_t i, r
-        cdef uint64_t h = <uint64_t>self.n_events, fields, more
+        cdef int64_t r, start, b, n_spans = 0
+        cdef uint64_t h = <uint64_t>self.n_events
         if not self.annotate:
             self.event_digest = 0
             return
-        for r in range(self.n_runs):
-            for i in range(self.runs[2 * r], self.runs[2 * r + 1]):
-                fields = <uint64_t>self.ev_row[i] | (<uint64_t><uint32_t>self.ev_slot[i] << 32)
-                more = <uint64_t><uint32_t>self.ev_worker[i] | (<uint64_t>self.ev_kind[i] << 32) \
-                    | (<uint64_t>self.ev_early[i] << 40)
-                if self.ev_kind[i] == K_P2P:
-                    more ^= (<uint64_t><uint32_t>self.ev_peer[i] << 8) \
-                        ^ (<uint64_t><uint32_t>self.ev_peer_slot[i] << 44)
-                more ^= <uint64_t>self.ev_value[i] * GOLDEN
-                h = (h ^ fields ^ ((more << 17) | (more >> 47))) * GOLDEN
-                h ^= h >> 32
-        self.event_digest = mix64(h)
+        for r in range(self.n_runs):  # the spans: each run cut every DIGEST_SPAN events
+            start = self.runs[2 * r]
+            while start < self.runs[2 * r + 1]:
+                self.span_ends[2 * n_spans] = start
+                start = min(start + DIGEST_SPAN, self.runs[2 * r + 1])
+                self.span_ends[2 * n_spans + 1] = start
+                n_spans += 1
+        for b in prange(n_spans, num_threads=self.threads, schedule="static"):
+            self.span_hash[b] = self.digest_span(self.span_ends[2 * b], self.span_ends[2 * b + 1])
+        for b in range(n_spans):
+            h = mix64(h ^ self.span_hash[b])
+        self.event_digest = h
 
     # ------------------------------------------------------------------ needs
     def set_needs(self, const int64_t[:, ::1] rows, const int32_t[::1] alloc):
@@ -762,17 +796,18 @@ cdef class ClusterState:
         bad = np.flatnonzero((np.asarray(alloc) < 0) | (np.asarray(alloc) >= self.n_workers))
         if len(bad):
             raise ValueError(f"alloc[{bad[0]}] = {alloc[bad[0]]} is not a worker in [0, {self.n_workers})")
-        if rows.shape[1] and (np.asarray(rows).min() < 0 or np.asarray(rows).max() >= self.n_rows):
-            where = np.argwhere((np.asarray(rows) < 0) | (np.asarray(rows) >= self.n_rows))[0]
-            raise ValueError(f"rows[{where[0]}, {where[1]}] = {np.asarray(rows)[tuple(where)]} "
-                             f"is not a row in [0, {self.n_rows})")
         if rows.shape[0] > self.sample_order.shape[0]:  # only with no tables: max_pairs bounds samples x tables
             self.sample_order = np.zeros(rows.shape[0], dtype=np.int64)
             self.focus_sample = np.zeros(rows.shape[0], dtype=np.int64)
+        self.needs_ready = False  # gathering overwrites the earlier needs, and may refuse this batch
         cdef int bits = min(self.max_need_bits, max(MIN_NEED_BITS, 1 + table_bits(max(self.n_need, 1))))
         if bits > self.need_bits or bits + 2 < self.need_bits:  # grow, or shrink after a larger batch
             self.size_needs(bits)
         while not self.gather_needs(rows, alloc):
+            if self.need_bad_row:  # found while gathering: a pass of its own would cost as much as one
+                where = np.argwhere((np.asarray(rows) < 0) | (np.asarray(rows) >= self.n_rows))[0]
+                raise ValueError(f"rows[{where[0]}, {where[1]}] = {np.asarray(rows)[tuple(where)]} "
+                                 f"is not a row in [0, {self.n_rows})")
             if self.need_bits == self.max_need_bits:  # it holds max_pairs rows: cannot fill
                 raise StateError(f"the needs table of {1 << self.need_bits} entries filled")
             self.size_needs(min(self.max_need_bits, self.need_bits + 2))
@@ -784,6 +819,7 @@ cdef class ClusterState:
         cdef int w, t
         cdef int focus = self.focus
         self.need_overflow = False
+        self.need_bad_row = False
         with nogil:
             self.epoch += 1
             self.n_need = 0
@@ -809,7 +845,7 @@ cdef class ClusterState:
                 self.need_claim[k] = 0
             for w in prange(self.n_workers, num_threads=self.threads, schedule="dynamic"):
                 self.worker_fill[w] = self.collect_pairs(rows, w, threadid())
-            if self.need_overflow:
+            if self.need_overflow or self.need_bad_row:
                 return False
             for t in range(self.threads):  # the indices threads took but did not use: no row
                 for k in range(self.need_claim[8 * t], self.need_claim[8 * t + 1]):
@@ -852,7 +888,10 @@ cdef class ClusterState:
                     prefetch(&self.need_table[2 * fib_home(rows[i, t], self.need_shift)])
             i = self.sample_order[j]
             for t in range(n_tables):
-                need = self.need_insert(rows[i, t], thread)
+                if <uint64_t>rows[i, t] >= <uint64_t>self.n_rows:  # negative ones too
+                    self.need_bad_row = True
+                    return 0
+                need = self.need_of(rows[i, t], thread)
                 if need < 0:  # the table is full: set_needs starts again in a larger one
                     return 0
                 self.tmp_need[base + k] = <int32_t>need
@@ -908,9 +947,9 @@ cdef class ClusterState:
             raise StateError("train() needs set_needs() (or the previous plan()) first")
         cdef int w, bad_worker = -1
         cdef int64_t per_pair = 3 if self.staleness >= 0 else 2  # most pull-side events of one pair
-        self.written_count = 0  # the new iteration's table: its rows of two iterations ago count as free
         with nogil:
             self.iteration += 1
+            self.clear_written(self.iteration)
             self.start_events()
             if self.p2p:
                 self.match_p2p()
@@ -936,16 +975,11 @@ cdef class ClusterState:
                 self.spans_valid = True
         if bad_worker < 0:
             if self.annotate:
-                self.make_room_to_write(self.kind_total[K_WRITEBACK] + self.kind_total[K_ACCUMULATE]
-                                        + self.kind_total[K_FULL_SET_PUSH] + self.kind_total[K_DELTA_PUSH]
-                                        + self.kind_total[K_DELTA_WRITEBACK])
                 with nogil:
                     for w in prange(self.n_workers, num_threads=self.threads, schedule="dynamic"):
-                        self.write_new[w] = self.mark_writes(self.pull_span[2 * w], self.pull_span[2 * w + 1]) \
-                            + self.mark_writes(self.update_base + self.worker_start[w],
-                                               self.update_base + self.worker_start[w + 1])
-                    for w in range(self.n_workers):
-                        self.written_count += self.write_new[w]
+                        self.mark_writes(self.pull_span[2 * w], self.pull_span[2 * w + 1])
+                        self.mark_writes(self.update_base + self.worker_start[w],
+                                         self.update_base + self.worker_start[w + 1])
             with nogil:
                 self.digest_events()
         if bad_worker >= 0:
@@ -1078,29 +1112,27 @@ cdef class ClusterState:
         """``ev_early`` of the pulls among events ``[start, end)``: rows the previous iteration did not
         write to the PS. A pass of its own, so that its lookups in the written set overlap."""
         cdef int64_t n
-        cdef int64_t previous = self.iteration - 1
-        cdef int64_t base = (previous & 1) * self.written_size
+        cdef int64_t base = ((self.iteration - 1) & 1) * self.written_words
         if not self.annotate:
             return
         for n in range(start, end):
             if n + FAR_AHEAD < end:
-                prefetch(&self.written[base + fib_home(self.ev_row[n + FAR_AHEAD], self.written_shift)])
+                prefetch(&self.written[base + (self.ev_row[n + FAR_AHEAD] >> 6)])
             if self.ev_kind[n] == K_PULL:
                 self.ev_early[n] = not self.written_before(self.ev_row[n])
 
-    cdef int64_t mark_writes(self, int64_t start, int64_t end) noexcept nogil:
-        """Mark the rows that events ``[start, end)`` write to the PS (write-backs, Accumulates, pushes);
-        returns how many were new to the set. A pass of its own, after the events: its misses overlap."""
-        cdef int64_t n, added = 0
-        cdef int64_t base = (self.iteration & 1) * self.written_size
+    cdef void mark_writes(self, int64_t start, int64_t end) noexcept nogil:
+        """Mark the rows that events ``[start, end)`` write to the PS (write-backs, Accumulates, pushes).
+        A pass of its own, after the events: its misses overlap."""
+        cdef int64_t n
+        cdef int64_t base = (self.iteration & 1) * self.written_words
         cdef int kind
         for n in range(start, end):
             if n + FAR_AHEAD < end:
-                prefetch(&self.written[base + fib_home(self.ev_row[n + FAR_AHEAD], self.written_shift)])
+                prefetch(&self.written[base + (self.ev_row[n + FAR_AHEAD] >> 6)])
             kind = self.ev_kind[n]
             if kind != K_PULL and kind != K_LOCAL and kind != K_P2P and kind != K_VERSION_CHECK:
-                added += self.mark_written(self.ev_row[n])
-        return added
+                self.mark_written(self.ev_row[n])
 
     cdef void update(self) noexcept nogil:
         """Step 4: who holds the latest value of each trained row after the update.
@@ -1332,14 +1364,9 @@ cdef class ClusterState:
             for c in range(chunks):
                 total += self.chunk_fill[c]
                 self.chunk_fill[c] = total - self.chunk_fill[c]
-        if self.annotate:
-            self.make_room_to_write(total)
         with nogil:
             for c in prange(chunks, num_threads=self.threads, schedule="static"):
-                self.write_new[c] = self.record_pushes(c * self.n_pairs // chunks, (c + 1) * self.n_pairs // chunks,
-                                                       self.chunk_fill[c])
-            for c in range(chunks):
-                self.written_count += self.write_new[c]
+                self.record_pushes(c * self.n_pairs // chunks, (c + 1) * self.n_pairs // chunks, self.chunk_fill[c])
             self.add_run(0, total)
             self.kind_total[K_PLAN_PUSH] = total
             self.digest_events()
@@ -1385,10 +1412,9 @@ cdef class ClusterState:
                 x = x & (x - 1)
         return -1
 
-    cdef int64_t record_pushes(self, int64_t first, int64_t last, int64_t n) noexcept nogil:
-        """The plan pushes :meth:`find_pushes` chose among pairs ``[first, last)``, as events from ``n`` on;
-        returns the rows new to the written set (annotating)."""
-        cdef int64_t p, e, added = 0
+    cdef void record_pushes(self, int64_t first, int64_t last, int64_t n) noexcept nogil:
+        """The plan pushes :meth:`find_pushes` chose among pairs ``[first, last)``, as events from ``n`` on."""
+        cdef int64_t p, e
         cdef int owner
         for p in range(first, last):
             owner = self.tmp_need[p]
@@ -1398,9 +1424,8 @@ cdef class ClusterState:
             self.record(n, K_PLAN_PUSH, owner, e, self.find(owner, e), EMPTY)
             self.set_bit(e, PS_BIT)
             if self.annotate:
-                added += self.mark_written(e)
+                self.mark_written(e)
             n += 1
-        return added
 
     # ------------------------------------------------------------- flushing
     def flush_dirty(self):
@@ -1476,7 +1501,7 @@ cdef class ClusterState:
                 "lru_prev": np.asarray(self.lru_prev), "lru_next": np.asarray(self.lru_next),
                 "lru_head": np.asarray(self.lru_head), "lru_tail": np.asarray(self.lru_tail),
                 "freq": np.asarray(self.freq), "lowest": np.asarray(self.lowest), "used": np.asarray(self.used),
-                "table": np.asarray(self.table), "written": np.asarray(self.written)}
+                "table": np.asarray(self.table)}
 
     def _shape_scalars(self):
         return [self.n_workers, self.n_rows, self.capacity, self.buckets, self.max_pairs, self.full_set, self.p2p]
@@ -1492,6 +1517,7 @@ cdef class ClusterState:
         if self.staleness >= 0:
             raise StateError("HET's clocks and unpushed updates are not checkpointed (docs/design.md section 7)")
         arrays = {name: view.copy() for name, view in self._persistent().items()}
+        arrays["written_rows"] = self.written_rows(self.iteration)
         arrays["scalars"] = np.array([self.iteration, self.epoch, *self._shape_scalars()], dtype=np.int64)
         return arrays
 
@@ -1503,12 +1529,7 @@ cdef class ClusterState:
             raise ValueError(f"saved cluster state has (workers, rows, slots, buckets, max pairs, full set, p2p) = "
                              f"{tuple(int(x) for x in scalars[2:])}, this one {tuple(expected)}")
         mine = self._persistent()
-        written = np.asarray(arrays["written"])
-        half = len(written) // 2
-        if written.ndim != 1 or written.dtype != np.int64 or half < 16 or half & (half - 1) or len(written) != 2 * half:
-            raise ValueError(f"saved cluster state's written-row tables are {written.shape} {written.dtype}: "
-                             f"expected two tables of a power of two (>= 16) int64 entries")
-        del mine["written"]  # their size follows the rows written, not the shape
+        written = saved_written_rows(arrays, scalars[0], self.n_rows)
         for name, view in mine.items():
             saved = np.asarray(arrays[name])
             if saved.shape != view.shape or saved.dtype != view.dtype:
@@ -1518,11 +1539,26 @@ cdef class ClusterState:
         for name, view in mine.items():
             view[:] = arrays[name]
         self.iteration, self.epoch = scalars[0], <int32_t>scalars[1]
-        self.size_written(table_bits(half))
-        np.asarray(self.written)[:] = written
-        current = written[(self.iteration & 1) * half:((self.iteration & 1) + 1) * half]
-        self.written_count = int(((current & ~LOW32) == written_stamp(self.iteration)).sum())
+        self.set_written(written)
         self.needs_ready = False
+
+    def written_rows(self, int64_t iteration):
+        """The rows ``iteration`` (the current or the previous one) wrote to the PS, sorted."""
+        if iteration != self.iteration and iteration != self.iteration - 1:
+            raise ValueError(f"the written rows of iterations {self.iteration - 1} and {self.iteration} are kept, "
+                             f"not of {iteration}")
+        h = iteration & 1
+        words = np.asarray(self.written)[h * self.written_words:(h + 1) * self.written_words]
+        return np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")).astype(np.int64)
+
+    def set_written(self, const int64_t[::1] rows):
+        """Make ``rows`` (in [0, n_rows)) the current iteration's written rows, and the previous one's none."""
+        cdef int64_t k
+        with nogil:
+            self.clear_written(self.iteration)
+            self.clear_written(self.iteration - 1)
+            for k in range(rows.shape[0]):
+                self.mark_written(rows[k])
 
     def _check_loaded(self, arrays):
         """Values the kernels index with (compiled without bounds checks) must be in range."""
@@ -1555,8 +1591,9 @@ cdef class ClusterState:
             n_workers=self.n_workers, n_rows=self.n_rows, capacity=self.capacity, full_set=self.full_set,
             max_pairs=self.max_pairs, p2p=self.p2p, policy="lru" if self.buckets == 1 else "lfu", focus=self.focus,
             annotate=self.annotate, staleness=self.staleness, threads=self.threads)
-        clone.size_written(64 - self.written_shift)
-        clone.written_count = self.written_count
+        clone.written[:] = self.written
+        clone.written_set[:] = self.written_set
+        clone.written_fill[:] = self.written_fill
         theirs = clone._persistent()
         for name, view in self._persistent().items():
             theirs[name][:] = view

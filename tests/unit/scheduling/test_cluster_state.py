@@ -213,10 +213,19 @@ def test_bad_inputs_name_what_is_wrong():
         state.set_needs(np.zeros((2, 1), dtype=np.int64), np.array([0, 2], dtype=np.int32))
     with pytest.raises(ValueError, match=r"rows\[0, 0\] = 10 is not a row"):
         state.set_needs(np.full((2, 1), 10, dtype=np.int64), np.array([0, 1], dtype=np.int32))
+    with pytest.raises(ValueError, match=r"rows\[1, 0\] = -1 is not a row"):
+        state.set_needs(np.array([[3], [-1]], dtype=np.int64), np.array([0, 1], dtype=np.int32))
     with pytest.raises(ValueError, match="exceeds max_pairs"):
         state.set_needs(np.zeros((5, 1), dtype=np.int64), np.zeros(5, dtype=np.int32))
     with pytest.raises(StateError, match="set_needs"):
         state.train()
+    state.set_needs(np.array([[3], [4]], dtype=np.int64), np.array([0, 1], dtype=np.int32))
+    with pytest.raises(ValueError, match="is not a row"):  # a refused batch leaves no needs behind
+        state.set_needs(np.array([[5], [10]], dtype=np.int64), np.array([0, 1], dtype=np.int32))
+    with pytest.raises(StateError, match="set_needs"):
+        state.train()
+    state.set_needs(np.array([[3], [4]], dtype=np.int64), np.array([0, 1], dtype=np.int32))
+    assert state.train()["pull"] == 2
     with pytest.raises(ValueError, match="capacity"):
         ClusterState(n_workers=2, n_rows=10, capacity=0, full_set=False, max_pairs=4)
 

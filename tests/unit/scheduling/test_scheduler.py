@@ -225,9 +225,24 @@ def test_a_saved_state_of_another_shape_is_refused(criteo_like):
         next(fresh.plans((b.sparse for b in store.batches(64, start_batch=1)), resume=damaged))
 
 
-def test_written_row_tables_of_any_size_are_loaded_and_a_damaged_one_is_refused(criteo_like):
-    """The written-row tables follow the rows written, so a saved pair of any power-of-two size loads
-    (one sized for every pair, as states saved before they followed the rows, included)."""
+def _written_tables(rows, iteration: int, size: int, stale) -> np.ndarray:
+    """A state's written rows as states saved before the bitmaps kept them: two linear-probing tables of
+    ``size`` entries ``stamp << 32 | row``, iteration t's in table t & 1 with stamp t + 2, and ``stale``
+    rows of iteration t - 2 left in the same table (they count as free)."""
+    tables = np.zeros(2 * size, dtype=np.int64)
+    base = (iteration & 1) * size
+    for stamp, entries in ((iteration + 2, rows), (iteration, stale)):
+        for row in entries:
+            j = int(((int(row) * 0x9E3779B97F4A7C15) % 2**64) >> (64 - int(np.log2(size))))
+            while tables[base + j]:
+                j = (j + 1) % size
+            tables[base + j] = (stamp << 32) | int(row)
+    return tables
+
+
+def test_written_rows_are_saved_and_states_saved_with_the_older_tables_still_load(criteo_like):
+    """The rows the last iteration wrote decide which pulls of the next are prefetchable, so a resumed
+    run must have them: saved as rows, or (states saved before) as hash tables of any power-of-two size."""
     store = BatchStore(criteo_like)
     config = _config(criteo_like)
     full = _digests(config, store, 12)
@@ -236,21 +251,23 @@ def test_written_row_tables_of_any_size_are_loaded_and_a_damaged_one_is_refused(
         if plan.step == 5:
             arrays = scheduler.save_arrays()
             break
-    written = arrays["state.written"]
-    half, mask = len(written) // 2, np.int64((1 << 32) - 1)
-    larger = np.zeros(8 * half, dtype=np.int64)  # the same entries in tables four times larger
-    for h in range(2):
-        for entry in written[h * half:(h + 1) * half][written[h * half:(h + 1) * half] != 0]:
-            j = int(((int(entry & mask) * 0x9E3779B97F4A7C15) % 2**64) >> (64 - int(np.log2(4 * half))))
-            while larger[h * 4 * half + j]:
-                j = (j + 1) % (4 * half)
-            larger[h * 4 * half + j] = entry
+    rows, iteration = arrays.pop("state.written_rows"), int(arrays["state.scalars"][0])
+    assert len(rows) and np.array_equal(rows, np.unique(rows))
+    unwritten = np.setdiff1d(np.arange(rows.max() + 1), rows)[:50]
+    size = 1 << int(np.ceil(np.log2(2 * len(rows) + 2 * len(unwritten))))
     batches = lambda: (b.sparse for b in store.batches(config.global_batch, start_batch=6))
-    for table in (written, larger):
+    saved = [{"state.written_rows": rows},
+             {"state.written": _written_tables(rows, iteration, size, unwritten)},
+             {"state.written": _written_tables(rows, iteration, 8 * size, [])}]
+    for written in saved:
         resumed = modes.scheduler_for(config, cardinalities=store.cardinalities, worker=0)
-        plans = [p.digest for p, _ in zip(resumed.plans(batches(), resume=dict(arrays, **{"state.written": table})),
-                                          range(6))]
+        plans = [p.digest for p, _ in zip(resumed.plans(batches(), resume=dict(arrays, **written)), range(6))]
         assert plans == full[6:]
+    forgotten = modes.scheduler_for(config, cardinalities=store.cardinalities, worker=0)
+    resume = dict(arrays, **{"state.written_rows": rows[:0]})  # the test sees the rows: without them plans differ
+    assert next(forgotten.plans(batches(), resume=resume)).digest != full[6]
     fresh = modes.scheduler_for(config, cardinalities=store.cardinalities)
     with pytest.raises(ValueError, match="written-row tables"):
-        next(fresh.plans(batches(), resume=dict(arrays, **{"state.written": written[:-1]})))
+        next(fresh.plans(batches(), resume=dict(arrays, **{"state.written": saved[1]["state.written"][:-1]})))
+    with pytest.raises(ValueError, match="written rows"):
+        next(fresh.plans(batches(), resume=dict(arrays, **{"state.written_rows": rows + fresh.state.n_rows})))
