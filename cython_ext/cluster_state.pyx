@@ -685,16 +685,20 @@ cdef class ClusterState:
 
     # ----------------------------------------------------------------- events
     cdef inline void record(self, int64_t n, int kind, int w, int64_t row, int32_t slot, int32_t pair) noexcept nogil:
-        """Event ``n``: its position is the caller's (each worker's thread fills a region of its own)."""
+        """Event ``n``: its position is the caller's (each worker's thread fills a region of its own).
+
+        The fields of some kinds only are the callers' to write, and read for
+        those kinds only: a P2P event's peer, a pull's ``early`` (set after,
+        when annotating), a HET event's value. Most events are pulls and
+        updates: writing fields nobody reads would cost a quarter of the bytes.
+        """
         self.ev_kind[n] = kind
         self.ev_worker[n] = w
         self.ev_row[n] = row
         self.ev_slot[n] = slot
-        self.ev_peer[n] = EMPTY
-        self.ev_peer_slot[n] = EMPTY
         self.ev_pair[n] = pair
-        self.ev_early[n] = 0
-        self.ev_value[n] = 0
+        if kind == K_PULL:
+            self.ev_early[n] = 0
 
     cdef void start_events(self) noexcept nogil:
         cdef int64_t k
@@ -729,12 +733,15 @@ cdef class ClusterState:
     cdef inline uint64_t event_word(self, int64_t i) noexcept nogil:
         """Event ``i``'s fields in one word. A digest, not a checksum of record: fields share bits, and
         a divergence changes the digest all the same."""
+        cdef int kind = self.ev_kind[i]
         cdef uint64_t fields = <uint64_t>self.ev_row[i] | (<uint64_t><uint32_t>self.ev_slot[i] << 32)
-        cdef uint64_t more = <uint64_t><uint32_t>self.ev_worker[i] | (<uint64_t>self.ev_kind[i] << 32) \
-            | (<uint64_t>self.ev_early[i] << 40)
-        if self.ev_kind[i] == K_P2P:
+        cdef uint64_t more = <uint64_t><uint32_t>self.ev_worker[i] | (<uint64_t>kind << 32)
+        if kind == K_PULL:  # the fields of one kind only: see record()
+            more |= <uint64_t>self.ev_early[i] << 40
+        elif kind == K_P2P:
             more ^= (<uint64_t><uint32_t>self.ev_peer[i] << 8) ^ (<uint64_t><uint32_t>self.ev_peer_slot[i] << 44)
-        more ^= <uint64_t>self.ev_value[i] * GOLDEN
+        elif kind == K_VERSION_CHECK or kind == K_DELTA_PUSH or kind == K_DELTA_WRITEBACK:
+            more ^= <uint64_t>self.ev_value[i] * GOLDEN
         return fields ^ ((more << 17) | (more >> 47))
 
     cdef uint64_t digest_span(self, int64_t first, int64_t last) noexcept nogil:
@@ -1668,11 +1675,12 @@ cdef class ClusterState:
 
     def peers(self):
         """For the events of the last call: sending worker and its slot of P2P events, else -1."""
-        return self._in_order(self.ev_peer), self._in_order(self.ev_peer_slot)
+        p2p = self._in_order(self.ev_kind) == K_P2P
+        return np.where(p2p, self._in_order(self.ev_peer), EMPTY), np.where(p2p, self._in_order(self.ev_peer_slot), EMPTY)
 
     def prefetchable(self):
         """For the events of the last call: pulls of rows the previous iteration did not write to the PS."""
-        return self._in_order(self.ev_early).astype(bool)
+        return (self._in_order(self.ev_early) != 0) & (self._in_order(self.ev_kind) == K_PULL)
 
     def p2p_sends(self, int w):
         """The P2P rows worker ``w`` sends after ``train()``: each receiver's, in the receiver's event order.
