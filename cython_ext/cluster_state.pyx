@@ -793,7 +793,10 @@ cdef class ClusterState:
 
     # ------------------------------------------------------------------ needs
     def set_needs(self, const int64_t[:, ::1] rows, const int32_t[::1] alloc):
-        """Needs of the next iteration to train: sample ``i`` (rows ``rows[i]``) on ``alloc[i]``."""
+        """Needs of the next iteration to train: sample ``i`` (rows ``rows[i]``) on ``alloc[i]``.
+
+        A refused batch (a ValueError) leaves no needs: ``train()`` then asks for new ones.
+        """
         if rows.shape[0] != alloc.shape[0]:
             raise ValueError(f"rows has {rows.shape[0]} samples but alloc has {alloc.shape[0]}")
         if rows.shape[0] * rows.shape[1] > self.max_pairs:

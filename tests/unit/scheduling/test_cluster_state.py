@@ -256,6 +256,8 @@ def test_a_copy_steps_exactly_like_the_original(instance):
             s.train()
         assert [a.tolist() for a in state.events()] == [a.tolist() for a in clone.events()]
         assert [a.tolist() for a in state.peers()] == [a.tolist() for a in clone.peers()]
+        assert state.prefetchable().tolist() == clone.prefetchable().tolist()  # the written rows came along
+        assert state.event_digest == clone.event_digest
         assert state.digest() == clone.digest()
         assert all(state.lru_order(w) == clone.lru_order(w) for w in range(n_workers))
         if t + 1 < len(rows):
