@@ -152,6 +152,12 @@ def saved_written_rows(arrays, int64_t iteration, int64_t n_rows):
     return np.sort(rows).astype(np.int64)
 
 
+cdef inline bint transmits(int kind) noexcept nogil:
+    """Whether an event of ``kind`` moves a row (docs/design.md section 6): all but local updates and
+    HET's version reads."""
+    return kind != K_LOCAL and kind != K_VERSION_CHECK
+
+
 cdef int table_bits(int64_t entries):
     """log2 of the smallest power of two >= ``entries`` (at least 16 entries)."""
     cdef int bits = 4
@@ -673,8 +679,10 @@ cdef class ClusterState:
             before = self.written[word]
             self.written[word] = before | bit
         if before == 0:  # the word's first bit: exactly one thread sees it, and lists the word
-            k = fetch_add_i64(&self.written_fill[8 * h], 1) if self.shared else self.written_fill[8 * h]
-            if not self.shared:
+            if self.shared:
+                k = fetch_add_i64(&self.written_fill[8 * h], 1)
+            else:
+                k = self.written_fill[8 * h]
                 self.written_fill[8 * h] = k + 1
             self.written_set[h * self.written_words + k] = row >> 6
 
@@ -1655,13 +1663,13 @@ cdef class ClusterState:
             if self.spans_valid:  # after train(): from each worker's counts by kind, not its events
                 for w in range(self.n_workers):
                     for kind in range(N_KINDS):
-                        if kind != K_LOCAL and kind != K_VERSION_CHECK:
+                        if transmits(kind):
                             per[w] += self.worker_kinds[w * N_KINDS + kind]
             else:  # after plan(): its pushes (no counts per worker)
                 for r in range(self.n_runs):
                     for k in range(self.runs[2 * r], self.runs[2 * r + 1]):
                         kind = self.ev_kind[k]
-                        if kind != K_LOCAL and kind != K_VERSION_CHECK:
+                        if transmits(kind):
                             per[self.ev_worker[k]] += 1
         return out
 
