@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything the project needs on a fresh Debian machine:
-# OpenMPI, a virtualenv, pinned PyTorch, Horovod 0.28.1 built with C++17,
-# the package itself (Cython extensions) and the test tools.
+# an MPI (Open MPI, or MPICH where asked), a virtualenv, pinned PyTorch,
+# Horovod 0.28.1 built with C++17 against that MPI, the package itself
+# (Cython extensions) and the test tools.
 #
 # A second run only checks: nothing is rebuilt when it already imports.
 # On a host whose nvidia-smi lists a GPU it installs a CUDA build of PyTorch and
 # builds Horovod with NCCL (docs/setup.md, "GPU hosts").
 # Environment:
-#   HYBRID_VENV       virtualenv path            (default: <repo>/.venv)
-#   HYBRID_WHEEL_DIR  cache of built wheels      (default: ~/.cache/hybrid/wheels)
+#   HYBRID_MPI=openmpi|mpich  the MPI family mpi4py and Horovod are built against (default: the
+#                     MPI HYBRID_VENV was set up with, else the family of the mpirun on PATH,
+#                     Open MPI where there is none); installed from
+#                     Debian where missing. One venv per MPI: the launchers read it from the venv.
+#   HYBRID_VENV       virtualenv path            (default: <repo>/.venv; MPICH: <repo>/.venv-mpich)
+#   HYBRID_WHEEL_DIR  cache of built wheels      (default: ~/.cache/hybrid/wheels; MPICH's in mpich/)
 #   HYBRID_GPU=auto|0|1  the GPU build: auto = when nvidia-smi lists a GPU (default auto)
 #   HYBRID_TORCH=pip|system  pip: install torch==TORCH_VERSION; system: use the PyTorch the venv's
 #                     python imports (HPC modules, site installs): a new venv sees system site packages
@@ -24,7 +29,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VENV=${HYBRID_VENV:-$ROOT/.venv}
+MPI=${HYBRID_MPI:-auto}
 WHEEL_DIR=${HYBRID_WHEEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hybrid/wheels}
 TORCH_VERSION=2.13.0
 HOROVOD_VERSION=0.28.1
@@ -77,8 +82,44 @@ decide_gpu() {
         *) say "HYBRID_TORCH must be pip or system, got '$TORCH_SOURCE'"; exit 2 ;;
     esac
     GPU_OPS=${HOROVOD_GPU_OPERATIONS-$([ "$GPU" = 1 ] && echo NCCL || true)}
-    # The Horovod wheel links against one torch build and one set of GPU operations.
-    HOROVOD_DIR=$WHEEL_DIR${GPU_OPS:+/$(echo "$GPU_OPS" | tr '[:upper:]' '[:lower:]')}
+}
+
+# The Horovod wheel links against one MPI, one torch build and one set of GPU operations.
+horovod_dir() {
+    HOROVOD_DIR=$MPI_WHEELS${GPU_OPS:+/$(echo "$GPU_OPS" | tr '[:upper:]' '[:lower:]')}
+}
+
+# The MPI family (MPI, MPI_WHY), its compiler wrapper and launcher (MPICC, MPIEXEC), and the venv.
+# Debian installs MPICH beside Open MPI under suffixed names (mpicc.mpich), the default keeping
+# the plain ones: the suffixed name wins where it exists.
+decide_mpi() {
+    local found
+    found=$(mpirun --version 2>/dev/null | head -n 3 || true)
+    if [ "$MPI" = auto ] && [ -n "${HYBRID_VENV:-}" ] && [ -f "$HYBRID_VENV/.hybrid-mpi" ]; then
+        read -r MPI _ <"$HYBRID_VENV/.hybrid-mpi"
+        MPI_WHY="the MPI $HYBRID_VENV was set up with"
+    fi
+    case "$MPI" in
+        auto)
+            case "$found" in
+                *"Open MPI"*|*OpenRTE*) MPI=openmpi MPI_WHY="mpirun on PATH is Open MPI" ;;
+                *HYDRA*|*MPICH*|*"Intel(R) MPI"*) MPI=mpich MPI_WHY="mpirun on PATH is of the MPICH family" ;;
+                "") MPI=openmpi MPI_WHY="no mpirun on PATH: Open MPI" ;;
+                *) say "mpirun on PATH is neither Open MPI nor of the MPICH family; set HYBRID_MPI=openmpi or mpich"
+                   exit 2 ;;
+            esac ;;
+        openmpi|mpich) MPI_WHY=${MPI_WHY:-HYBRID_MPI=$MPI} ;;
+        *) say "HYBRID_MPI must be openmpi or mpich, got '$MPI'"; exit 2 ;;
+    esac
+    if [ "$MPI" = mpich ]; then
+        VENV=${HYBRID_VENV:-$ROOT/.venv-mpich} MPI_WHEELS=$WHEEL_DIR/mpich
+        MPICC=$(command -v mpicc.mpich || echo mpicc) MPICXX=$(command -v mpicxx.mpich || echo mpicxx)
+        MPIEXEC=$(command -v mpiexec.mpich || echo mpiexec) MPI_PACKAGES="mpich libmpich-dev"
+    else
+        VENV=${HYBRID_VENV:-$ROOT/.venv} MPI_WHEELS=$WHEEL_DIR
+        MPICC=$(command -v mpicc.openmpi || echo mpicc) MPICXX=$(command -v mpicxx.openmpi || echo mpicxx)
+        MPIEXEC=$(command -v mpirun.openmpi || echo mpirun) MPI_PACKAGES="openmpi-bin libopenmpi-dev"
+    fi
 }
 
 # The torch requirement: from the usual sources on CPU hosts, from HYBRID_TORCH_INDEX on GPU hosts.
@@ -91,13 +132,15 @@ torch_install_args() {
 
 print_plan() {
     torch_install_args
+    say "plan: MPI: $MPI ($MPI_WHY): $MPICC, $MPIEXEC$(command -v "$MPIEXEC" >/dev/null || echo ", from apt-get install $MPI_PACKAGES")"
     say "plan: GPU build: $([ "$GPU" = 1 ] && echo yes || echo no) ($GPU_WHY)"
     if [ "$TORCH_SOURCE" = system ]; then
         say "plan: torch: the python's own (virtualenv with system site packages)$([ "$GPU" = 1 ] && echo ', must be a CUDA build')"
     else
         say "plan: torch: pip install ${TORCH_ARGS[*]}$([ "$GPU" = 1 ] && echo ' (a CUDA build)' || echo ' (CPU)')"
     fi
-    say "plan: Horovod $HOROVOD_VERSION: HOROVOD_GPU_OPERATIONS=${GPU_OPS:-none}, wheel cached in $HOROVOD_DIR"
+    [ "$MPI" = mpich ] && say "plan: mpi4py: built against $MPICC, wheel cached in $MPI_WHEELS"
+    say "plan: Horovod $HOROVOD_VERSION: HOROVOD_GPU_OPERATIONS=${GPU_OPS:-none}, built against $MPI, wheel cached in $HOROVOD_DIR"
     if [ "$OFFLINE" = 1 ]; then
         say "plan: packages: only from $WHEEL_DIR (pip --no-index --find-links)"
     else
@@ -106,19 +149,31 @@ print_plan() {
     say "plan: virtualenv: $VENV"
 }
 
-install_openmpi() {
-    if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
-        return
+# The MPI asked for, from Debian where it is missing (root, online); refused if the commands found
+# belong to another family.
+install_mpi() {
+    if ! command -v "$MPICC" >/dev/null 2>&1 || ! command -v "$MPIEXEC" >/dev/null 2>&1; then
+        if [ "$(id -u)" -ne 0 ] || [ "$OFFLINE" = 1 ]; then
+            say "$MPICC/$MPIEXEC not found: install $MPI first, e.g."
+            say "  sudo apt-get install -y $MPI_PACKAGES"
+            exit 1
+        fi
+        say "installing $MPI from Debian ($MPI_PACKAGES)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        # shellcheck disable=SC2086  # MPI_PACKAGES: several words
+        apt-get install -y -qq $MPI_PACKAGES >/dev/null
+        decide_mpi  # the suffixed names exist now
     fi
-    if [ "$(id -u)" -ne 0 ] || [ "$OFFLINE" = 1 ]; then
-        say "mpicc/mpirun not found: install OpenMPI first, e.g."
-        say "  sudo apt-get install -y openmpi-bin libopenmpi-dev"
-        exit 1
-    fi
-    say "installing OpenMPI from Debian (openmpi-bin libopenmpi-dev)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+    local version
+    version=$("$MPIEXEC" --version 2>&1 | head -n 3 || true)
+    case "$MPI:$version" in
+        openmpi:*"Open MPI"*|openmpi:*OpenRTE*|mpich:*HYDRA*|mpich:*MPICH*|mpich:*"Intel(R) MPI"*) ;;
+        *) say "HYBRID_MPI=$MPI, but $MPIEXEC is another MPI:"
+           say "  $(echo "$version" | head -n 1)"
+           say "  put $MPI's mpicc and mpiexec first on PATH (a module load), or install it"
+           exit 1 ;;
+    esac
 }
 
 make_venv() {
@@ -171,6 +226,36 @@ install_torch() {
     TORCH_PIN="torch==$version"
 }
 
+# MPICH: mpi4py built against it. PyPI's mpi4py wheel loads whichever libmpi.so the system links
+# first (Debian's alternatives: Open MPI), so under mpiexec.mpich its ranks would each be a singleton.
+install_mpi4py() {
+    local stamp="$VENV/.hybrid-mpi4py" wheel
+    [ "$MPI" = mpich ] || return 0
+    [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$MPICC" ] && "$PY" -c "import mpi4py" 2>/dev/null && return
+    wheel=$(ls "$MPI_WHEELS"/mpi4py-*.whl 2>/dev/null | head -n 1 || true)
+    if [ -z "$wheel" ]; then
+        say "building mpi4py against $MPICC (takes about 3 minutes)"
+        mkdir -p "$MPI_WHEELS"
+        local sources=()
+        [ "$OFFLINE" = 1 ] && sources=(--no-index --find-links "$WHEEL_DIR")
+        if ! MPICC=$MPICC pip_quiet wheel --no-cache-dir --no-deps --no-binary mpi4py "${sources[@]}" -w "$MPI_WHEELS" \
+            "mpi4py>=3.1" >"$MPI_WHEELS/mpi4py-build.log" 2>&1; then
+            say "mpi4py build failed; last lines of $MPI_WHEELS/mpi4py-build.log:"
+            tail -n 30 "$MPI_WHEELS/mpi4py-build.log" >&2
+            exit 1
+        fi
+        wheel=$(ls "$MPI_WHEELS"/mpi4py-*.whl | head -n 1)
+    fi
+    say "installing $wheel"
+    "${PIP[@]}" --no-deps --force-reinstall "$wheel"
+    printf '%s' "$MPICC" >"$stamp"
+}
+
+# The launchers read the venv's MPI here: "FAMILY MPIEXEC" (launch/mpi_family.sh, hybrid/runtime/mpi_family.py).
+mark_mpi() {
+    printf '%s %s\n' "$MPI" "$(command -v "$MPIEXEC")" >"$VENV/.hybrid-mpi"
+}
+
 install_python_deps() {
     # Skip the resolver (slow) when the requirements did not change since the last run.
     local stamp="$VENV/.hybrid-requirements" want
@@ -210,6 +295,11 @@ done
 exec /usr/bin/g++ "${args[@]}"
 WRAP
     chmod +x "$wrapdir/g++"
+    # Horovod finds MPI through the plain wrapper names: those of the MPI asked for.
+    ln -s "$(command -v "$MPICC")" "$wrapdir/mpicc"
+    ln -s "$(command -v "$MPICXX")" "$wrapdir/mpicxx"
+    ln -s "$(command -v "$MPIEXEC")" "$wrapdir/mpirun"
+    ln -s "$(command -v "$MPIEXEC")" "$wrapdir/mpiexec"
     if [ -n "$GPU_OPS" ]; then
         command -v nvcc >/dev/null 2>&1 || [ -x "${HOROVOD_CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] || {
             say "building Horovod with $GPU_OPS needs the CUDA toolkit (nvcc): put it on PATH or set"
@@ -219,14 +309,14 @@ WRAP
         nccl_from_wheel "$wrapdir/nccl"
     fi
     mkdir -p "$HOROVOD_DIR"
-    say "building Horovod $HOROVOD_VERSION with C++17${GPU_OPS:+ and $GPU_OPS} (takes about 5 minutes)"
+    say "building Horovod $HOROVOD_VERSION with C++17 against $MPI${GPU_OPS:+ and $GPU_OPS} (takes about 5 minutes)"
     local log="$HOROVOD_DIR/horovod-build.log" sources=()
     [ "$OFFLINE" = 1 ] && sources=(--no-index --find-links "$WHEEL_DIR")
-    if ! CXX="$wrapdir/g++" CC=/usr/bin/gcc \
+    if ! PATH="$wrapdir:$PATH" CXX="$wrapdir/g++" CC=/usr/bin/gcc \
         HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
         HOROVOD_GPU_OPERATIONS="$GPU_OPS" MAKEFLAGS="-j$(nproc)" \
-        pip_quiet wheel --no-build-isolation --no-deps --no-binary horovod "${sources[@]}" \
+        pip_quiet wheel --no-cache-dir --no-build-isolation --no-deps --no-binary horovod "${sources[@]}" \
             -w "$HOROVOD_DIR" "horovod==$HOROVOD_VERSION" >"$log" 2>&1; then
         say "Horovod build failed; last lines of $log:"
         tail -n 40 "$log" >&2
@@ -236,10 +326,19 @@ WRAP
     rm -rf "$wrapdir"
 }
 
+# Horovod imports, was built with MPI (and NCCL where asked), and does not link the other family's
+# libmpi (Debian's sonames: Open MPI's libmpi.so.40, MPICH's libmpich.so.12 and libmpi.so.12).
 horovod_ok() {
-    local built="hvd.mpi_built()"
+    local built="hvd.mpi_built()" library other
     [ -n "$GPU_OPS" ] && built="hvd.mpi_built() and hvd.nccl_built()"
-    "$PY" -c "import horovod.torch as hvd; import sys; sys.exit(not ($built))" 2>/dev/null
+    "$PY" -c "import horovod.torch as hvd; import sys; sys.exit(not ($built))" 2>/dev/null || return 1
+    library=$("$PY" -c "import glob, horovod.torch, os; print(glob.glob(os.path.dirname(horovod.torch.__file__) + '/mpi_lib*.so')[0])")
+    other='libmpich\.so|libmpi\.so\.12'
+    [ "$MPI" = mpich ] && other='libmpi\.so\.40|libopen-'
+    if ldd "$library" | grep -Eq "$other"; then
+        say "Horovod in $VENV links another MPI than $MPI: $(ldd "$library" | grep -Eo "$other" | head -n 1)"
+        return 1
+    fi
 }
 
 install_horovod() {
@@ -259,7 +358,8 @@ install_horovod() {
     say "installing $wheel"
     "${PIP[@]}" --no-deps --force-reinstall "$wheel"
     "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi
-    horovod_ok || { say "Horovod installed but 'import horovod.torch' fails${GPU_OPS:+ or has no $GPU_OPS}"; exit 1; }
+    horovod_ok || { say "Horovod installed from $wheel but 'import horovod.torch' fails${GPU_OPS:+ or has no $GPU_OPS}"
+                    say "  or it links another MPI: remove $wheel and run this again"; exit 1; }
 }
 
 # Rebuild the Cython kernels only when their sources or setup.py changed.
@@ -290,18 +390,24 @@ download_all() {
     pip_quiet download -d "$WHEEL_DIR" -r "$ROOT/launch/requirements.txt" "pip>=24" cmake \
         cloudpickle psutil pyyaml packaging cffi
     pip_quiet download -d "$WHEEL_DIR" --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION"
+    [ "$MPI" = mpich ] && pip_quiet download -d "$WHEEL_DIR" --no-deps --no-binary :all: "mpi4py>=3.1"
     say "done: run HYBRID_OFFLINE=1 HYBRID_WHEEL_DIR=$WHEEL_DIR bash launch/setup.sh where there is no network"
 }
 
 decide_gpu
+decide_mpi
+horovod_dir
 case "$ACTION" in
     plan) print_plan; exit 0 ;;
     download) download_all; exit 0 ;;
 esac
-install_openmpi
+install_mpi
+horovod_dir
 make_venv
 install_torch
+install_mpi4py
 install_python_deps
 install_horovod
 install_package
-say "ready$([ "$GPU" = 1 ] && echo ' (GPU build)'): activate with 'source $VENV/bin/activate'"
+mark_mpi
+say "ready ($MPI$([ "$GPU" = 1 ] && echo ', GPU build')): activate with 'source $VENV/bin/activate'"

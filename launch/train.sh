@@ -11,6 +11,9 @@
 #   --horovodrun         start the ranks with horovodrun instead of mpirun
 #   --dry-run            print the command, do not run it
 #
+# The MPI is the venv's: HYBRID_VENV=.venv-mpich bash launch/train.sh CONFIG runs under MPICH
+# (launch/mpi_family.sh); each family gets its launcher's flags (launch/mpirun.sh).
+#
 # The rank count is cluster.workers + cluster.ps of the resolved config. World ranks
 # 0 .. workers-1 are the workers and the last ranks the PS ranks (hybrid/runtime/comm.py), so
 # with --workers-on/--ps-on (filled in that order, --map-by slot) the PS ranks land on
@@ -19,6 +22,7 @@
 # (docs/cluster.md). Without host options every rank runs on this host.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$ROOT/launch/mpi_family.sh"
 tcp="" worker_hosts="" ps_hosts="" runner=mpirun dry_run=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -27,7 +31,7 @@ while [ $# -gt 0 ]; do
         --ps-on) ps_hosts=${2:?--ps-on needs a host list}; shift 2 ;;
         --horovodrun) runner=horovodrun; shift ;;
         --dry-run) dry_run=1; shift ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         -*) echo "launch/train.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) break ;;
     esac
@@ -40,7 +44,9 @@ for arg in "$@"; do
 done
 layout=$(python -m hybrid config "$config" "${overrides[@]}" --layout)
 eval "$layout"
-export HYBRID_WORKERS HYBRID_LAUNCHER=$runner  # the ranks report their launcher (docs/cluster.md)
+launcher=$runner
+[ "$MPI_FAMILY:$runner" = mpich:mpirun ] && launcher="mpiexec (MPICH)"
+export HYBRID_WORKERS HYBRID_LAUNCHER=$launcher  # the ranks report their launcher (docs/cluster.md)
 echo "+ $layout" >&2
 hosts=()
 if [ -n "$worker_hosts$ps_hosts" ]; then
@@ -52,20 +58,35 @@ if [ -n "$worker_hosts$ps_hosts" ]; then
 fi
 rank_command=(bash "$ROOT/launch/rank_env.sh" python -m hybrid train "$config" "$@")
 if [ "$runner" = horovodrun ]; then
-    mpi_args="--allow-run-as-root --oversubscribe --bind-to none -x HYBRID_WORKERS -x HYBRID_LAUNCHER"
-    [ ${#hosts[@]} -gt 0 ] && mpi_args+=" --map-by slot"
+    # horovodrun runs the `mpirun` on PATH and adds its own flags for that MPI's family
+    if [ "$MPI_FAMILY" = mpich ]; then
+        # Hydra's mpiexec as `mpirun`; it forwards the environment and runs as root as it is. horovodrun
+        # learns the family from "MPICH" in `mpirun --version`, which Debian's Hydra does not print.
+        mpi_args=""
+        hydra_bin=$(mktemp -d)
+        trap 'rm -rf "$hydra_bin"' EXIT
+        printf '#!/bin/sh\n[ "$1" = --version ] && echo "MPICH (Hydra)"\nexec %q "$@"\n' \
+            "$(command -v "$MPIEXEC")" >"$hydra_bin/mpirun"
+        chmod +x "$hydra_bin/mpirun"
+        PATH="$hydra_bin:$PATH"
+    else
+        mpi_args="--allow-run-as-root --oversubscribe --bind-to none -x HYBRID_WORKERS -x HYBRID_LAUNCHER"
+        [ ${#hosts[@]} -gt 0 ] && mpi_args+=" --map-by slot"
+    fi
     if [ -n "$tcp" ]; then
         iface=""
         [[ "$tcp" == --tcp=* ]] && iface=${tcp#--tcp=}
         source "$ROOT/launch/tcp_transport.sh" "$iface"
-        mpi_args+=" -x UCX_TLS -x UCX_RNDV_THRESH"
-        [ -n "$iface" ] && mpi_args+=" -x UCX_NET_DEVICES"
+        if [ "$MPI_FAMILY" = openmpi ]; then
+            mpi_args+=" -x UCX_TLS -x UCX_RNDV_THRESH"
+            [ -n "$iface" ] && mpi_args+=" -x UCX_NET_DEVICES"
+        fi
     fi
-    command=(horovodrun -np "$HYBRID_RANKS" "${hosts[@]}" --mpi-args="$mpi_args" "${rank_command[@]}")
-    [ ${#hosts[@]} -eq 0 ] && command=(horovodrun -np "$HYBRID_RANKS" -H "localhost:$HYBRID_RANKS"
-                                       --mpi-args="$mpi_args" "${rank_command[@]}")
+    [ ${#hosts[@]} -eq 0 ] && hosts=(-H "localhost:$HYBRID_RANKS")
+    command=(horovodrun -np "$HYBRID_RANKS" "${hosts[@]}" ${mpi_args:+--mpi-args="$mpi_args"} "${rank_command[@]}")
     echo "+ $(printf '%q ' "${command[@]}")" >&2
     [ -n "$dry_run" ] && exit 0
+    [ "$MPI_FAMILY" = mpich ] && { "${command[@]}"; exit; }  # the EXIT trap removes hydra_bin
     exec "${command[@]}"
 fi
 command=(bash "$ROOT/launch/mpirun.sh" ${tcp:+"$tcp"} -n "$HYBRID_RANKS" "${hosts[@]}")

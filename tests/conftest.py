@@ -1,5 +1,6 @@
 """Shared fixtures (small stores written once per session) and the MPI fail-fast hook."""
 import sys
+import time
 
 import pytest
 
@@ -39,6 +40,7 @@ def _abort_on_failure(report, config) -> None:
                      f"{'=' * 20}\n{report.longreprtext}\n{'=' * 20} aborting every rank {'=' * 20}\n")
     sys.stderr.flush()
     sys.stdout.flush()
+    time.sleep(1)  # MPICH's Hydra drops what its proxies have not yet forwarded when a rank aborts
     world.Abort(1)
 
 

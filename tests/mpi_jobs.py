@@ -1,23 +1,45 @@
-"""Helpers for tests that start their own ``mpirun`` jobs and act on single ranks."""
+"""Helpers for tests that start their own MPI jobs and act on single ranks, under the venv's MPI family."""
 import os
 import subprocess
 import time
 from pathlib import Path
 
+from hybrid.runtime.mpi_family import of_venv
+
 ROOT = Path(__file__).resolve().parents[1]
+FAMILY = of_venv()
+
+
+def launcher(ranks: int) -> list:
+    """The venv's MPI launcher for ``ranks`` ranks on this host (as root, any core count, unbound)."""
+    return FAMILY.launcher(ranks)
 
 
 def rank_pids(parent: int) -> dict:
-    """World rank -> pid of the MPI processes mpirun (``parent``) forked on this host."""
-    pids = {}
-    for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+    """World rank -> pid of the MPI processes below ``parent`` (a launcher) on this host.
+
+    Open MPI's mpirun forks the ranks itself; MPICH's mpiexec starts them
+    under a proxy. A rank is the first process on its branch that carries
+    the family's rank variable (what a rank starts inherits it).
+    """
+    pids, branches = {}, [parent]
+    key = FAMILY.rank_variable.encode() + b"="
+    while branches:
+        pid = branches.pop()
         try:
-            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except OSError:
             continue
-        for item in environ:
-            if item.startswith(b"OMPI_COMM_WORLD_RANK="):
-                pids[int(item.split(b"=", 1)[1])] = int(child)
+        for child in map(int, children):
+            try:
+                environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            rank = next((item[len(key):] for item in environ if item.startswith(key)), None)
+            if rank is None:
+                branches.append(child)
+            else:
+                pids[int(rank)] = child
     return pids
 
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from hybrid.runtime.mpi_family import of_venv
+
 SUBNET = "10.201.{net}.0/24"
 
 
@@ -39,6 +41,10 @@ def check_available() -> None:
     if os.geteuid() != 0:
         raise EmulationUnavailable("emulated hosts need root (network namespaces, veth links and tc); "
                                    "run as root or on a real cluster")
+    family = of_venv()
+    if family.name != "openmpi":
+        raise EmulationUnavailable(f"emulated hosts start their ranks through Open MPI's rsh agent hook; this venv "
+                                   f"runs {family.name}: run the bench from an Open MPI venv (launch/setup.sh)")
     missing = [tool for tool in ("ip", "tc", "mpirun") if shutil.which(tool) is None]
     if missing:
         raise EmulationUnavailable(f"emulated hosts need {', '.join(missing)} on PATH "

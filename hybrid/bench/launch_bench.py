@@ -7,8 +7,9 @@ the same config and overrides:
 - ``train.sh``: ``launch/train.sh`` (``launch/mpirun.sh``: mpirun with
   ``--oversubscribe``);
 - ``train.sh --horovodrun``: the same through horovodrun (where installed);
-- ``mpirun -H localhost:N``: plain mpirun told the host has a slot per rank,
-  as a user's hostfile would say, so OpenMPI sees no oversubscription;
+- ``mpirun -H localhost:N``: the venv's MPI launcher by hand, told the host
+  has a slot per rank, as a user's hostfile would say, so Open MPI sees no
+  oversubscription (MPICH: ``mpiexec -hosts localhost:N``);
 - ``single-node.sbatch`` and ``train.sbatch`` (srun, PMIx): the Slurm
   templates, under the Slurm that ``sbatch`` reaches or, as root, a
   one-node Slurm started here (``launch/slurm/local_slurm.sh``) and stopped
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from hybrid.config import load_config
+from hybrid.runtime.mpi_family import of_venv
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 900
@@ -58,8 +60,12 @@ class LaunchPath:
         if self.name == "train.sh --horovodrun":
             return ["bash", "launch/train.sh", "--horovodrun", *train]
         if self.name == "mpirun -H localhost:N":
-            return ["mpirun", "--allow-run-as-root", "-n", str(ranks), "-H", f"localhost:{ranks}", "--bind-to", "none",
-                    sys.executable, "-m", "hybrid", "train", *train]
+            family = of_venv()
+            if family.name == "openmpi":
+                plain = ["--allow-run-as-root", "-n", str(ranks), "-H", f"localhost:{ranks}", "--bind-to", "none"]
+            else:
+                plain = ["-n", str(ranks), "-hosts", f"localhost:{ranks}"]
+            return [family.mpiexec, *plain, sys.executable, "-m", "hybrid", "train", *train]
         template = f"launch/slurm/{self.name}"  # sbatch: the template writes results/JOBID-0.json itself
         return ["sbatch", "--wait", "--parsable", f"--ntasks={ranks}", "-o", str(out), template, config, *args]
 
@@ -125,7 +131,9 @@ def run_once(path: LaunchPath, config: str, overrides: list[str], ranks: int) ->
         summary, out = Path(tmp) / "summary.json", Path(tmp) / "slurm.out"
         args = [*overrides, f"train.checkpoint_dir={tmp}/checkpoints"]
         command = path.command(config, args, ranks, summary, out)
-        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=RUN_TIMEOUT_S)
+        # the templates source HYBRID_VENV (default .venv): this venv's, so that they run under its MPI
+        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=RUN_TIMEOUT_S,
+                                env={**os.environ, "HYBRID_VENV": os.environ.get("HYBRID_VENV", sys.prefix)})
         job = result.stdout.strip().split(";")[0] if path.kind == "sbatch" else ""
         if job.isdigit():  # the template's files: the summary comes here, the rest goes
             written = [ROOT / "results" / f"{job}-0.json", ROOT / "results" / f"{job}-0.jsonl"]

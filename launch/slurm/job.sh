@@ -1,4 +1,9 @@
 # Helpers of the sbatch templates (sourced from the repository root, the venv active).
+# HYBRID_VENV picks the venv, and with it the MPI (HYBRID_VENV=.venv-mpich: MPICH's family).
+
+source launch/mpi_family.sh
+# srun's PMI for the venv's MPI: Open MPI talks PMIx (Debian's build has no PMI2), MPICH PMI2.
+SRUN_MPI=${HYBRID_SRUN_MPI:-$([ "$MPI_FAMILY" = mpich ] && echo pmi2 || echo pmix)}
 
 # check_tasks CONFIG [key=value ...]: the job's task count must be the config's rank count.
 check_tasks() {
@@ -49,5 +54,5 @@ use_tcp_if_asked() {
     local iface=""
     [ "$HYBRID_TCP" != 1 ] && iface=$HYBRID_TCP
     source launch/tcp_transport.sh "$iface"
-    echo "+ $(env | grep -E '^(OMPI_MCA|UCX)_' | sort | tr '\n' ' ')" >&2
+    echo "+ $(env | grep -E '^(OMPI_MCA|UCX|HYDRA)_' | sort | tr '\n' ' ')" >&2
 }

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+import mpi_jobs
 from hybrid.data.synthetic import synthesize
 from hybrid.runtime import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
-MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2"]
+MPIRUN = mpi_jobs.launcher(2)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import mpi_jobs
 from hybrid.runtime import checkpoint as ckpt
 
 ITERATIONS = 40
-MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "3"]  # 2 workers + 1 PS
+MPIRUN = mpi_jobs.launcher(3)  # 2 workers + 1 PS
 
 
 def _args(store: Path, checkpoints: Path, log: Path, *extra: str) -> list:

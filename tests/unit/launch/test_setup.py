@@ -1,11 +1,14 @@
 """``launch/setup.sh``: the GPU branch (a stand-in nvidia-smi), offline installs, and its refusals."""
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+import mpi_jobs
 
 SETUP = Path(__file__).resolve().parents[3] / "launch" / "setup.sh"
 
@@ -42,23 +45,51 @@ def _no_network_namespace() -> str:
 def test_a_gpu_host_plans_a_cuda_pytorch_and_horovod_with_nccl_from_the_wheel_directory(tmp_path):
     result = _setup(tmp_path, "--plan", gpus=2, HYBRID_OFFLINE="1", HYBRID_WHEEL_DIR=str(tmp_path / "wheels"))
     assert result.returncode == 0, result.stderr
-    assert result.stderr.splitlines() == [
+    family = mpi_jobs.FAMILY.name  # this venv's, kept: setup.sh reads it from HYBRID_VENV
+    wheels = tmp_path / "wheels" / ("mpich" if family == "mpich" else "")
+    assert [line for line in result.stderr.splitlines() if "mpi4py" not in line] == [
+        f"[setup] plan: MPI: {family} (the MPI {sys.prefix} was set up with): {_wrappers(family)}",
         "[setup] plan: GPU build: yes (nvidia-smi lists 2 GPU(s))",
         "[setup] plan: torch: pip install torch==2.13.0 (a CUDA build)",
-        f"[setup] plan: Horovod 0.28.1: HOROVOD_GPU_OPERATIONS=NCCL, wheel cached in {tmp_path}/wheels/nccl",
+        f"[setup] plan: Horovod 0.28.1: HOROVOD_GPU_OPERATIONS=NCCL, built against {family}, "
+        f"wheel cached in {wheels / 'nccl'}",
         f"[setup] plan: packages: only from {tmp_path}/wheels (pip --no-index --find-links)",
         f"[setup] plan: virtualenv: {sys.prefix}",
     ]
+
+
+def _wrappers(family: str) -> str:
+    """The compiler wrapper and launcher setup.sh picks for ``family`` here: Debian's suffixed names."""
+    suffixed = {"openmpi": ("mpicc.openmpi", "mpirun.openmpi"), "mpich": ("mpicc.mpich", "mpiexec.mpich")}[family]
+    plain = {"openmpi": ("mpicc", "mpirun"), "mpich": ("mpicc", "mpiexec")}[family]
+    return ", ".join(shutil.which(a) or b for a, b in zip(suffixed, plain))
 
 
 def test_a_host_without_gpus_plans_the_cpu_build_from_the_index(tmp_path):
     result = _setup(tmp_path, "--plan", gpus=0, HYBRID_WHEEL_DIR=str(tmp_path / "wheels"),
                     HYBRID_TORCH_INDEX="https://example.invalid/simple")
     assert result.returncode == 0, result.stderr
-    lines = result.stderr.splitlines()
+    lines = [line for line in result.stderr.splitlines() if "MPI:" not in line and "mpi4py" not in line]
     assert lines[0] == "[setup] plan: GPU build: no (no GPU listed by nvidia-smi)"
     assert lines[1] == "[setup] plan: torch: pip install torch==2.13.0 (CPU)"
     assert "HOROVOD_GPU_OPERATIONS=none" in lines[2] and lines[3] == "[setup] plan: packages: pip's index"
+
+
+def test_mpich_gets_a_venv_and_wheels_of_its_own_and_mpi4py_built_against_it(tmp_path):
+    venv = tmp_path / "new-venv"
+    result = _setup(tmp_path, "--plan", HYBRID_MPI="mpich", HYBRID_VENV=str(venv),
+                    HYBRID_WHEEL_DIR=str(tmp_path / "wheels"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"[setup] plan: MPI: mpich (HYBRID_MPI=mpich): {_wrappers('mpich')}")
+    assert f"[setup] plan: mpi4py: built against {_wrappers('mpich').split(', ')[0]}, wheel cached in " \
+           f"{tmp_path}/wheels/mpich" in lines
+    assert any(line.endswith(f"built against mpich, wheel cached in {tmp_path}/wheels/mpich") for line in lines)
+    assert lines[-1] == f"[setup] plan: virtualenv: {venv}"
+    without_venv = {key: value for key, value in os.environ.items() if key != "HYBRID_VENV"}
+    plan = subprocess.run(["bash", str(SETUP), "--plan"], capture_output=True, text=True, timeout=60,
+                          env={**without_venv, "HYBRID_MPI": "mpich"}).stderr
+    assert plan.splitlines()[-1] == f"[setup] plan: virtualenv: {SETUP.parents[1] / '.venv-mpich'}"
 
 
 def test_a_gpu_host_with_its_own_pytorch_and_an_index_plans_that_index(tmp_path):
@@ -69,7 +100,8 @@ def test_a_gpu_host_with_its_own_pytorch_and_an_index_plans_that_index(tmp_path)
 
 
 @pytest.mark.parametrize("env,message", [({"HYBRID_GPU": "yes"}, "HYBRID_GPU must be auto, 0 or 1, got 'yes'"),
-                                         ({"HYBRID_TORCH": "conda"}, "HYBRID_TORCH must be pip or system")])
+                                         ({"HYBRID_TORCH": "conda"}, "HYBRID_TORCH must be pip or system"),
+                                         ({"HYBRID_MPI": "lam"}, "HYBRID_MPI must be openmpi or mpich, got 'lam'")])
 def test_bad_settings_are_refused_before_anything_is_installed(tmp_path, env, message):
     result = _setup(tmp_path, **env)
     assert result.returncode == 2 and message in result.stderr
@@ -79,7 +111,8 @@ def test_bad_settings_are_refused_before_anything_is_installed(tmp_path, env, me
 def test_a_set_up_machine_checks_out_offline_without_any_network(tmp_path):
     result = _setup(tmp_path, offline_namespace=True, HYBRID_OFFLINE="1")
     assert result.returncode == 0, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == f"[setup] ready: activate with 'source {sys.prefix}/bin/activate'"
+    assert result.stderr.strip().splitlines()[-1] == \
+        f"[setup] ready ({mpi_jobs.FAMILY.name}): activate with 'source {sys.prefix}/bin/activate'"
 
 
 @pytest.mark.skipif(bool(_no_network_namespace()), reason=_no_network_namespace() or "runs")

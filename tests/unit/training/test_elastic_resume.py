@@ -40,10 +40,10 @@ CASES = {"vanilla": ["scheduler.mode=vanilla"], "herald": ["scheduler.mode=heral
 
 def _hybrid_train(store: Path, checkpoints: Path, workers: int, ps: int, iterations: int, case: str, *extra):
     """``hybrid train`` of ``CASES[case]`` on ``workers + ps`` ranks; its completed process."""
-    command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(workers + ps),
-               sys.executable, "-m", "hybrid", "train", "configs/w1-smoke.yaml", f"data.path={store}",
-               *CASES[case], f"train.iterations={iterations}", f"train.checkpoint_dir={checkpoints}",
-               *MODEL, *_shape(workers, ps), "--no-progress", *extra]
+    command = mpi_jobs.launcher(workers + ps) + [
+        sys.executable, "-m", "hybrid", "train", "configs/w1-smoke.yaml", f"data.path={store}",
+        *CASES[case], f"train.iterations={iterations}", f"train.checkpoint_dir={checkpoints}",
+        *MODEL, *_shape(workers, ps), "--no-progress", *extra]
     return subprocess.run(command, cwd=mpi_jobs.ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ))
 

@@ -23,7 +23,7 @@ import torch
 import mpi_jobs
 
 ITERATIONS = 200
-MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "4"]
+MPIRUN = mpi_jobs.launcher(4)
 
 
 def _train_args(store: Path, checkpoints: Path, log: Path, *extra: str) -> list:
