@@ -27,6 +27,7 @@ from hybrid.config import Config, flatten
 from hybrid.data.store import BatchStore, StoreError
 from hybrid.runtime import checkpoint as ckpt
 from hybrid.runtime.comm import check_agreement, split_roles
+from hybrid._ext import mpi_yield
 from hybrid.runtime.launch_facts import YIELD_VARIABLE, LaunchFacts, decide, usable_cores
 from hybrid.runtime.link_counters import difference, link_bytes
 from hybrid.runtime.preemption import StopRequest
@@ -253,9 +254,12 @@ def _launch_report(roles, launch: Optional[LaunchFacts]) -> dict:
     report = {**launch.to_dict(), "mpi": " ".join(library.split(",")[0].split()),
               "measured": {"ranks_on_host": roles.node_ranks, "cores": roles.node_cores,
                            "fits": roles.share.fits}}
-    if report["yields"] and "MPICH" in report["mpi"]:
-        report["yields"] = False
-        report["decided_by"] += "; MPICH has no setting to yield: its ranks spin while they wait"
+    if report["yields"] and "MPICH" in report["mpi"]:  # MPICH yields through the rank's own module, if it loaded
+        if mpi_yield.yields():
+            report["decided_by"] += "; MPICH's waits yield through hybrid._ext.mpi_yield"
+        else:
+            report["yields"] = False
+            report["decided_by"] += "; but MPICH's waits did not come through hybrid._ext.mpi_yield: they spin"
     return report
 
 
