@@ -37,7 +37,7 @@ from hybrid.runtime.mpi_family import of_venv
 YIELD_VARIABLE = "OMPI_MCA_mpi_yield_when_idle"
 # Horovod's background thread meets the other workers' in an MPI collective every cycle; under MPICH,
 # where waiting is polling, a cycle of 10 ms instead of 1 trained herald on MovieLens-100k (3 workers
-# + 1 PS on 2 cores) at 8.4-9.8k samples/s instead of 5.7-6.2k (docs/cluster.md).
+# + 1 PS on 2 cores) at 9.0k and 9.8k samples/s against 6.1k and 5.7k, alternated (docs/cluster.md).
 MPICH_CYCLE_MS = "10"
 POLL_VARIABLE = "HYBRID_PS_POLL_US"  # microseconds a waiting PS rank sleeps between calls into MPI
 WAITING_THREADS = 1  # per rank, a thread that waits in MPI: Horovod's background thread, a PS rank's loop
