@@ -8,7 +8,7 @@
 # The MPI is the venv's (launch/mpi_family.sh; HYBRID_VENV=.venv-mpich for MPICH). Open MPI's
 # mpirun gets the options as given. MPICH's mpiexec gets them translated: -x VAR is dropped (it
 # forwards the whole environment), -H HOSTS becomes -hosts HOSTS, --map-by slot is dropped (it
-# fills the hosts in order); the other options before the command pass as they are.
+# fills the hosts in order); Hydra's own options before the command pass as they are.
 # --tcp: ranks on different hosts that talk over TCP (Ethernet clusters):
 # the settings of launch/tcp_transport.sh, forwarded to every rank.
 set -euo pipefail
@@ -29,10 +29,17 @@ if [ "$MPI_FAMILY" = mpich ]; then
     while [ $# -gt 0 ]; do
         case "$1" in
             -x) shift 2 ;;
-            --map-by) [ "${2:-}" = slot ] || { echo "launch/mpirun.sh: MPICH fills hosts in order: --map-by $2 has no translation" >&2; exit 2; }
-                      shift 2 ;;
+            --map-by)
+                if [ "${2:-}" != slot ]; then
+                    echo "launch/mpirun.sh: MPICH fills hosts in order: --map-by ${2:-} has no translation" >&2
+                    exit 2
+                fi
+                shift 2 ;;
             -H|--host) args+=(-hosts "${2:?$1 needs a host list}"); shift 2 ;;
-            -n|-np) args+=("$1" "${2:?$1 needs a rank count}"); shift 2 ;;
+            -n|-np|-f|-hostfile|-machinefile|-hosts|-ppn|-genvlist|-envlist|-wdir|-iface|-bind-to|-map-by|\
+            -launcher|-launcher-exec|-bootstrap|-bootstrap-exec|-configfile|-outfile-pattern|-errfile-pattern)
+                args+=("$1" "${2:?$1 needs a value}"); shift 2 ;;  # Hydra's options with a value
+            -genv|-env) args+=("$1" "${2:?$1 needs a name}" "${3:?$1 needs a value}"); shift 3 ;;
             -*) args+=("$1"); shift ;;
             *) break ;;
         esac

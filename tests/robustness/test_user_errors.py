@@ -235,8 +235,9 @@ def test_evaluating_a_missing_model_is_one_line(stores, tmp_path):
 def _train(*args: str) -> tuple[int, float, str]:
     """``hybrid train`` on 2 ranks (1 worker + 1 PS, unless ``args`` say otherwise): (status, seconds, output)."""
     start = time.monotonic()
-    result = subprocess.run(mpi_jobs.launcher(2) + [sys.executable, "-m", "hybrid", "train", SMOKE, "cluster.workers=1",
-                                                    "cluster.ps=1", *TINY, "train.iterations=5", "--no-progress", *args],
+    command = [sys.executable, "-m", "hybrid", "train", SMOKE, "cluster.workers=1", "cluster.ps=1", *TINY,
+               "train.iterations=5", "--no-progress", *args]
+    result = subprocess.run(mpi_jobs.launcher(2) + command,
                             cwd=ROOT, capture_output=True, text=True, timeout=120, env=dict(os.environ))
     return result.returncode, time.monotonic() - start, result.stdout + result.stderr
 

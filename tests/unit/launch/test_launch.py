@@ -48,9 +48,9 @@ def test_open_mpi_runs_as_root_oversubscribed_unbound_with_the_options_as_given(
 
 
 def test_mpich_gets_open_mpi_options_translated_before_the_command_and_the_command_untouched(tmp_path):
-    ran, _ = _launch(_stand_in_venv(tmp_path, "mpich"), "-n", "3", "-x", "A", "-H", "h1:2,h2:1",
-                     "--map-by", "slot", "-l", "python", "-x", "y", "-H", "z")
-    assert ran == "launched: -n 3 -hosts h1:2,h2:1 -l python -x y -H z"
+    ran, _ = _launch(_stand_in_venv(tmp_path, "mpich"), "-n", "3", "-x", "A", "-H", "h1:2,h2:1", "--map-by", "slot",
+                     "-l", "-genv", "B", "2", "-ppn", "2", "-x", "C", "python", "-x", "y", "-H", "z")
+    assert ran == "launched: -n 3 -hosts h1:2,h2:1 -l -genv B 2 -ppn 2 python -x y -H z"
 
 
 def test_mpich_refuses_a_mapping_it_cannot_translate(tmp_path):
