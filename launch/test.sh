@@ -39,10 +39,8 @@ done
 
 # The other MPI family (MPICH, in a venv of its own: HYBRID_TEST_MPICH=0 skips it): the tests that
 # launch MPI jobs themselves (a failing or killed rank, SIGTERM to the launcher, horovodrun and a
-# waiting rank that yields where ranks share cores), then the multi-rank
-# suite on 4 ranks (3 + 1 and 2 + 2). Known failure, left out until fixed (issue 31): with 2 PS
-# ranks, row-wise Adagrad's exactness misses the reference under MPICH (RMA and packed: one element
-# at the boundary of the PS shards).
+# waiting rank that yields where ranks share cores), then the multi-rank suite on 4 ranks (3 + 1 and
+# 2 + 2).
 if [ "${HYBRID_TEST_MPICH:-1}" = 1 ]; then
     stage "set-up MPICH"
     HYBRID_MPI=mpich HYBRID_VENV=$ROOT/.venv-mpich bash launch/setup.sh
@@ -51,13 +49,8 @@ if [ "${HYBRID_TEST_MPICH:-1}" = 1 ]; then
         tests/unit/launch tests/unit/runtime/test_mpi_family.py tests/unit/bench/test_launch_bench.py \
         tests/unit/training/test_mpi_failfast.py tests/unit/training/test_resume.py'
     stage "MPI tests on 4 ranks under MPICH"
-    rowwise=tests/mpi/test_exactness.py::test_rowwise_adagrad_equals_the_single_process_reference_rows_and_accumulators
-    known=()
-    for case in {rma,packed}-{vanilla,herald,herald+scheduler.sync=p2p}; do
-        known+=(--deselect "$rowwise[2-$case]")
-    done
     HYBRID_VENV=$ROOT/.venv-mpich bash launch/mpirun.sh -n 4 python -m pytest -q -p no:cacheprovider --color=no \
-        --with-mpi tests/mpi "${known[@]}"
+        --with-mpi tests/mpi
 fi
 
 # The sbatch templates under a real one-node Slurm on this machine (installed with apt-get if

@@ -52,6 +52,20 @@ from hybrid.runtime.shard_plan import ShardPlan
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
 TRANSPORTS = ("auto", "rma", "packed")
 _MAX_MESSAGE_BYTES = 2**31 - 1  # MPI counts are C ints
+_PAGE = 4096  # window sizes are rounded up to it (_padded)
+
+
+def _padded(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole pages: the size to give ``MPI.Win.Allocate``.
+
+    Under MPICH 4.0.2 (ch4:ucx) with the ranks on one host, two PS ranks'
+    windows overlapped by 8 bytes: the first shard, 683,400 bytes (17,085
+    float64 rows of 5), ended on the element where the second began, so
+    whichever PS wrote it last won (tests/mpi/test_exactness.py, row-wise
+    Adagrad on 2 PS ranks, either transport). Windows of whole pages did not
+    overlap; the padding is never addressed.
+    """
+    return -(-nbytes // _PAGE) * _PAGE
 
 
 def choose_transport(requested: str, comm: MPI.Comm) -> str:
@@ -139,27 +153,27 @@ class EmbeddingStore:
         index = self.ps_ranks.index(comm.rank) if self.is_ps else -1
         size = int(self.plan.sizes[index]) if self.is_ps else 0
         try:
-            self.win = MPI.Win.Allocate(size * self.row_bytes, disp_unit=self.row_bytes, comm=comm)
+            self.win = MPI.Win.Allocate(_padded(size * self.row_bytes), disp_unit=self.row_bytes, comm=comm)
         except MPI.Exception as err:
             raise RuntimeError(
                 f"cannot create the embedding window: MPI one-sided communication is unavailable with this "
                 f"MPI's transport ({err.Get_error_string()}). On a TCP cluster with OpenMPI launch with "
                 f"launch/mpirun.sh --tcp (UCX over TCP); see docs/design.md section 12") from err
-        self.version_win = MPI.Win.Allocate(size * 8, disp_unit=8, comm=comm) if versions else None
+        self.version_win = MPI.Win.Allocate(_padded(size * 8), disp_unit=8, comm=comm) if versions else None
         self.channel = comm.Dup() if self.transport == "packed" else None
         self.service = None
         self.shard = None  # a PS rank's rows, in the window's memory
         self.versions = None  # a PS rank's row versions (HET), in the second window's memory
         if self.is_ps:
             memory = self.win.tomemory() if size else bytearray(0)
-            shard = self.shard = np.frombuffer(memory, dtype=self.dtype).reshape(size, dim)
+            shard = self.shard = np.frombuffer(memory, dtype=self.dtype, count=size * dim).reshape(size, dim)
             if init is not None and size:
                 init(shard, self.plan.runs(index))
             else:
                 shard.fill(0)
             if versions:
                 vmemory = self.version_win.tomemory() if size else bytearray(0)
-                self.versions = np.frombuffer(vmemory, dtype=np.int64)
+                self.versions = np.frombuffer(vmemory, dtype=np.int64, count=size)
                 self.versions.fill(0)
             if self.channel is not None:
                 self.service = packed_transport.PsService(self.channel, shard, spin_seconds, self.versions)
