@@ -57,4 +57,8 @@ fi
 # missing; skipped, saying why, where it cannot run: not root).
 stage "Slurm templates"
 bash tests/slurm/run_templates.sh
+if [ "${HYBRID_TEST_MPICH:-1}" = 1 ]; then  # srun --mpi=pmi2 and Hydra's mpiexec inside the templates
+    stage "Slurm templates under MPICH"
+    HYBRID_VENV=$ROOT/.venv-mpich bash tests/slurm/run_templates.sh
+fi
 stage end

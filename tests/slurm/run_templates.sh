@@ -17,6 +17,8 @@ if [ "$(id -u)" != 0 ]; then
     exit 0
 fi
 source "${HYBRID_VENV:-$ROOT/.venv}/bin/activate"
+source launch/mpi_family.sh  # MPI_FAMILY: single-node.sbatch launches with mpirun or Hydra's mpiexec
+plain_launcher=$([ "$MPI_FAMILY" = mpich ] && echo "mpiexec (MPICH)" || echo mpirun)
 bash launch/slurm/local_slurm.sh start
 export SLURM_CONF=${HYBRID_SLURM_DIR:-/tmp/hybrid-slurm}/etc/slurm.conf
 work=$(mktemp -d /tmp/hybrid-slurm-test.XXXXXX)
@@ -105,8 +107,8 @@ PY
 }
 
 preprocess_on_ranks
-submit_and_wait single single-node.sbatch 30 "mpirun via single-node.sbatch"
+submit_and_wait single single-node.sbatch 30 "$plain_launcher via single-node.sbatch"
 submit_and_wait srun train.sbatch 30 "srun via train.sbatch"
 preempt_and_resume single-preempted single-node.sbatch -b SIGUSR1
 preempt_and_resume srun-preempted train.sbatch "" SIGTERM
-echo "Slurm templates: all passed"
+echo "Slurm templates: all passed ($MPI_FAMILY)"
