@@ -11,10 +11,11 @@ link, as they would share its NIC.
 The namespaces, links and addresses are created by :class:`EmulatedHosts`
 and removed when its ``with`` block ends, on an exception, on Ctrl-C and on
 SIGTERM (converted to an exception while the block runs). Launching uses
-OpenMPI's rsh agent hook: a small script enters the namespace of the host
-address mpirun gives it, with a per-namespace ``TMPDIR`` (the daemons share
-the hostname and ``/tmp``; without it some launches crashed writing hwloc's
-shared topology).
+the launcher's remote-start hook, Open MPI's rsh agent or Hydra's ssh
+launcher (MPICH's family, ``-launcher-exec``): a small script enters the
+namespace of the host address the launcher gives it, with a per-namespace
+``TMPDIR`` (the daemons share the hostname and ``/tmp``; without it some
+Open MPI launches crashed writing hwloc's shared topology).
 """
 from __future__ import annotations
 
@@ -41,14 +42,11 @@ def check_available() -> None:
     if os.geteuid() != 0:
         raise EmulationUnavailable("emulated hosts need root (network namespaces, veth links and tc); "
                                    "run as root or on a real cluster")
-    family = of_venv()
-    if family.name != "openmpi":
-        raise EmulationUnavailable(f"emulated hosts start their ranks through Open MPI's rsh agent hook; this venv "
-                                   f"runs {family.name}: run the bench from an Open MPI venv (launch/setup.sh)")
-    missing = [tool for tool in ("ip", "tc", "mpirun") if shutil.which(tool) is None]
+    launcher = of_venv().mpiexec
+    missing = [tool for tool in ("ip", "tc", launcher) if shutil.which(tool) is None]
     if missing:
         raise EmulationUnavailable(f"emulated hosts need {', '.join(missing)} on PATH "
-                                   f"(Debian: apt-get install iproute2 openmpi-bin)")
+                                   f"(Debian: apt-get install iproute2, and the venv's MPI: launch/setup.sh)")
 
 
 @dataclass(frozen=True)
@@ -169,13 +167,17 @@ class EmulatedHosts:
 
     # ------------------------------------------------------------ launching
     def _write_launch_files(self) -> None:
+        """A host file in the venv's MPI's format (one slot per host) and the agent that enters a namespace."""
         hostfile = self.workdir / "hostfile"
-        hostfile.write_text("".join(f"{self.address(i)} slots=1\n" for i in range(self.n)))
+        mpich = of_venv().name == "mpich"
+        line = "{}:1\n" if mpich else "{} slots=1\n"
+        hostfile.write_text("".join(line.format(self.address(i)) for i in range(self.n)))
         cases = " ".join(f"{self.address(i)}) ns={self.namespace(i)} ;;" for i in range(self.n))
         agent = self.workdir / "rsh-agent"
         agent.write_text(
             "#!/bin/bash\n"
-            "# OpenMPI's rsh agent for emulated hosts: run the command inside the host's namespace.\n"
+            "# Open MPI's rsh agent or Hydra's ssh launcher for emulated hosts: run the command inside the\n"
+            "# host's namespace.\n"
             'while [[ "$1" == -* ]]; do shift; done\n'
             "host=$1; shift\n"
             f'case "$host" in {cases} *) echo "unknown emulated host $host" >&2; exit 255 ;; esac\n'
@@ -185,11 +187,16 @@ class EmulatedHosts:
         self.hostfile, self.agent = hostfile, agent
 
     def mpirun_args(self) -> list[str]:
-        """mpirun options that put rank ``i`` on host ``i`` and keep MPI on the emulated links.
+        """Launcher options (the venv's MPI's) that put rank ``i`` on host ``i`` and keep MPI on the emulated links.
 
         The transport itself is what any TCP cluster needs: ``launch/mpirun.sh
-        --tcp`` (UCX over TCP), here on each namespace's ``eth0``.
+        --tcp`` (UCX over TCP), here on each namespace's ``eth0``. Hydra's
+        proxies call its control port back on the bridge's address
+        (``-iface``): a namespace reaches nothing else.
         """
+        if of_venv().name == "mpich":
+            return ["-f", str(self.hostfile), "-launcher", "ssh", "-launcher-exec", str(self.agent),
+                    "-iface", self.bridge, "-genv", "UCX_NET_DEVICES", "eth0"]
         return ["--hostfile", str(self.hostfile), "--mca", "plm_rsh_agent", str(self.agent),
                 "--mca", "oob_tcp_if_include", self.subnet, "--mca", "btl_tcp_if_include", self.subnet,
                 "-x", "UCX_NET_DEVICES=eth0"]

@@ -2,6 +2,7 @@
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -9,6 +10,7 @@ from hybrid.bench import e2e_bench
 from hybrid.bench.emulated_hosts import EmulatedHosts, EmulationUnavailable, LinkShape, check_available
 from hybrid.cli import main
 from hybrid.cli.bench import _bandwidth
+from hybrid.runtime.mpi_family import of_venv
 from hybrid.runtime.link_counters import link_bytes
 
 
@@ -32,12 +34,40 @@ def test_namespaces_links_and_shaping_are_removed_even_when_the_block_fails():
             assert hosts.namespace(0) in _namespaces() and hosts.namespace(1) in _namespaces()
             qdiscs = subprocess.run(["tc", "qdisc", "show", "dev", hosts.link(1)], capture_output=True, text=True)
             assert "tbf" in qdiscs.stdout
-            assert "10.201.250.12 slots=1" in hosts.hostfile.read_text()
+            line = "10.201.250.12:1" if of_venv().name == "mpich" else "10.201.250.12 slots=1"
+            assert line in hosts.hostfile.read_text().splitlines()
             assert all(c["sent"] >= 0 for c in hosts.counters())
             raise RuntimeError("boom")
     assert hosts.tag + "ns" not in _namespaces()
     assert subprocess.run(["ip", "link", "show", hosts.bridge], capture_output=True).returncode != 0
     assert hosts.workdir is None
+
+
+_RANK_SCRIPT = """
+import json, os, numpy as np
+from mpi4py import MPI
+world = MPI.COMM_WORLD
+address = os.popen("ip -4 -o addr show eth0").read().split()[3].split("/")[0]
+total = world.allreduce(np.full(1 << 18, world.rank + 1.0))
+seen = world.gather([address, int(total[0]), world.Split_type(MPI.COMM_TYPE_SHARED).size], root=0)
+if world.rank == 0:
+    print("ranks saw", json.dumps(seen), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating network namespaces needs root")
+def test_each_rank_runs_on_its_own_host_and_talks_over_the_links():
+    """The venv's MPI (Open MPI's rsh agent or Hydra's ssh launcher) starts rank i in namespace i over TCP."""
+    with EmulatedHosts(2, LinkShape(None), net=249) as hosts:
+        before = hosts.counters()
+        command = e2e_bench._mpirun(hosts, 2, [sys.executable, "-c", _RANK_SCRIPT], {})
+        result = e2e_bench._run(command, {}, timeout=120)
+        after = hosts.counters()
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen = [json.loads(line[len("ranks saw "):]) for line in result.stdout.splitlines() if line.startswith("ranks saw ")]
+    # each rank on its own host's address; the allreduce summed both; MPI sees one rank per host
+    assert seen == [[["10.201.249.11", 3, 1], ["10.201.249.12", 3, 1]]]
+    assert all(a["sent"] - b["sent"] > 1 << 20 for a, b in zip(after, before))  # 2 MB arrays crossed the links
 
 
 def test_bandwidths_are_tc_rates_or_none():
