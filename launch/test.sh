@@ -54,7 +54,7 @@ if [ "${HYBRID_TEST_MPICH:-1}" = 1 ]; then
         --with-mpi tests/mpi
 fi
 
-# The sbatch templates under a real one-node Slurm on this machine (installed with apt-get if
+# The sbatch templates under a real Slurm of two nodes on this machine (installed with apt-get if
 # missing; skipped, saying why, where it cannot run: not root).
 stage "Slurm templates"
 bash tests/slurm/run_templates.sh

@@ -12,7 +12,7 @@ the same config and overrides:
   oversubscription (MPICH: ``mpiexec -hosts localhost:N``);
 - ``single-node.sbatch`` and ``train.sbatch`` (srun, PMIx): the Slurm
   templates, under the Slurm that ``sbatch`` reaches or, as root, a
-  one-node Slurm started here (``launch/slurm/local_slurm.sh``) and stopped
+  local Slurm started here (``launch/slurm/local_slurm.sh``) and stopped
   after. ``hetjob.sbatch`` names example partitions and is not run.
 
 Every path runs from the repository root (the templates need it), so
@@ -99,7 +99,7 @@ def available(say: Callable[[str], None], names=None) -> tuple[list[LaunchPath],
 
 
 class LocalSlurm:
-    """The Slurm that ``sbatch`` reaches, or a one-node Slurm started here (root) and stopped on exit."""
+    """The Slurm that ``sbatch`` reaches, or a local Slurm started here (root) and stopped on exit."""
 
     def __init__(self, say: Callable[[str], None]):
         self.say, self.started, self.conf = say, False, os.environ.get("SLURM_CONF")
@@ -107,7 +107,7 @@ class LocalSlurm:
     def __enter__(self) -> "LocalSlurm":
         reachable = shutil.which("sinfo") and subprocess.run(["sinfo"], capture_output=True).returncode == 0
         if not reachable:
-            self.say("starting a one-node Slurm here (launch/slurm/local_slurm.sh)")
+            self.say("starting a local Slurm here (launch/slurm/local_slurm.sh)")
             started = subprocess.run(["bash", str(SLURM), "start"], capture_output=True, text=True)
             if started.returncode != 0:
                 raise RuntimeError(f"sbatch reaches no Slurm and a local one did not start:\n{started.stderr[-2000:]}"

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# A real one-node Slurm cluster on this host, for CI and for trying the sbatch
-# templates: Debian's slurm-wlm + munge, run as root, without systemd.
+# A real Slurm cluster on this host, for CI and for trying the sbatch templates:
+# Debian's slurm-wlm + munge, run as root, without systemd. One node in the
+# default partition (debug); a second one, NODE-het in partition "het", so that
+# hetjob.sbatch's two components get a node each (Slurm's backfill scheduler
+# places the components of a heterogeneous job on different nodes). Both are
+# slurmd daemons of this host (slurmd -N).
 #
 #   bash launch/slurm/local_slurm.sh start    # install if missing, start, wait for the node
 #   bash launch/slurm/local_slurm.sh status   # sinfo; exit 0 if the node is up
@@ -30,6 +34,7 @@ CONF=$DIR/etc/slurm.conf
 MUNGE_DIR=$DIR/munge
 MUNGE_SOCKET=$MUNGE_DIR/munge.socket.2
 NODE=$(hostname -s)
+HET_NODE=$NODE-het
 TIMEOUT=${HYBRID_SLURM_TIMEOUT:-60}
 export SLURM_CONF=$CONF   # for the client commands this script runs
 
@@ -37,7 +42,7 @@ die() { echo "local_slurm.sh: error: $*" >&2; exit 1; }
 note() { echo "local_slurm.sh: $*" >&2; }
 
 # pid_alive NAME: the daemon NAME started by this script (its pid file under
-# $DIR/run) is running.
+# $DIR/run; slurmd-NODE for a node's slurmd) is running.
 pid_alive() {
     local pidfile=$DIR/run/$1.pid pid
     [ -s "$pidfile" ] || return 1
@@ -46,7 +51,7 @@ pid_alive() {
     # not a zombie (a daemon that just died), and not a recycled pid: the
     # process must be that daemon
     [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 1
-    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$1"* ]]
+    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "${1%%-*}"* ]]
 }
 
 install_packages() {
@@ -116,11 +121,12 @@ CredType=cred/munge
 # can start again: short here so that requeue tests are quick.
 AuthInfo=socket=$MUNGE_SOCKET,cred_expire=${HYBRID_SLURM_CRED_EXPIRE:-15}
 StateSaveLocation=$DIR/state/slurmctld
-SlurmdSpoolDir=$DIR/spool/slurmd
+# Two slurmd daemons on this host: each node its own spool, pid file and log (%n: the node).
+SlurmdSpoolDir=$DIR/spool/slurmd-%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
-SlurmdPidFile=$DIR/run/slurmd.pid
+SlurmdPidFile=$DIR/run/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 # No cgroups, no systemd: processes tracked through /proc, no task binding.
@@ -154,36 +160,39 @@ SlurmdTimeout=300
 # The node reports the CPUs and memory below, not the hardware's, so that more
 # tasks than cores fit (this is a test cluster: tasks share the real cores).
 SlurmdParameters=config_overrides
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 Port=${HYBRID_SLURM_SLURMD_PORT:-6818} CPUs=$cpus RealMemory=$mem State=UNKNOWN
+NodeName=$HET_NODE NodeHostname=$NODE NodeAddr=127.0.0.1 Port=$((${HYBRID_SLURM_SLURMD_PORT:-6818} + 1)) CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+PartitionName=het Nodes=$HET_NODE MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
     mv "$CONF.new" "$CONF"
 }
 
 # node_state: the node's state as sinfo prints it (idle, mixed, idle* = not
 # responding, down*, ...), or nothing.
-node_state() { { sinfo -h -N -n "$NODE" -o %T 2>/dev/null || true; } | head -n 1; }
+node_state() { { sinfo -h -N -n "${1:-$NODE}" -o %T 2>/dev/null || true; } | head -n 1; }
 
 show_logs() {
     local f
-    for f in "$DIR/log/munged.log" "$DIR/log/slurmctld.log" "$DIR/log/slurmd.log"; do
+    for f in "$DIR/log/munged.log" "$DIR/log/slurmctld.log" "$DIR/log/slurmd-$NODE.log" "$DIR/log/slurmd-$HET_NODE.log"; do
         [ -e "$f" ] || continue
         echo "----- last lines of $f" >&2
         tail -n 25 "$f" >&2
     done
-    if grep -qs 'Address already in use' "$DIR/log/slurmctld.log" "$DIR/log/slurmd.log"; then
+    if grep -qs 'Address already in use' "$DIR/log/slurmctld.log" "$DIR/log/slurmd-"*.log; then
         echo "local_slurm.sh: hint: another Slurm (or another HYBRID_SLURM_DIR) holds the ports;" \
-             "stop it, or set HYBRID_SLURM_CTLD_PORT and HYBRID_SLURM_SLURMD_PORT to free ones" >&2
+             "stop it, or set HYBRID_SLURM_CTLD_PORT and HYBRID_SLURM_SLURMD_PORT (it and the next one) to free ones" >&2
     fi
 }
 
 start() {
     [ "$(id -u)" -eq 0 ] || die "run as root (the daemons run as SlurmUser=root)"
-    mkdir -p "$DIR/etc" "$DIR/log" "$DIR/run" "$DIR/state/slurmctld" "$DIR/spool/slurmd" "$MUNGE_DIR"
+    mkdir -p "$DIR/etc" "$DIR/log" "$DIR/run" "$DIR/state/slurmctld" "$DIR/spool/slurmd-$NODE" \
+        "$DIR/spool/slurmd-$HET_NODE" "$MUNGE_DIR"
     chmod 0711 "$MUNGE_DIR"   # the socket reachable by all, the key (0400) by root only
     install_packages
     write_munge_key
-    if pid_alive slurmctld || pid_alive slurmd; then
+    if pid_alive slurmctld || pid_alive "slurmd-$NODE" || pid_alive "slurmd-$HET_NODE"; then
         note "daemons already running: keeping $CONF as it is"
     else
         write_conf
@@ -202,34 +211,41 @@ start() {
         note "starting slurmctld"
         slurmctld -f "$CONF" || { show_logs; die "slurmctld did not start (log above)"; }
     fi
-    if ! pid_alive slurmd; then
-        note "starting slurmd (node $NODE)"
-        slurmd -f "$CONF" -N "$NODE" || { show_logs; die "slurmd did not start (log above)"; }
-    fi
+    local node
+    for node in "$NODE" "$HET_NODE"; do
+        if ! pid_alive "slurmd-$node"; then
+            note "starting slurmd (node $node)"
+            slurmd -f "$CONF" -N "$node" || { show_logs; die "slurmd did not start (log above)"; }
+        fi
+    done
 
-    note "waiting up to ${TIMEOUT}s for node $NODE to be idle"
-    local waited=0 state=""
-    while :; do
-        state=$(node_state)
-        # exact names: a suffix such as idle* (not responding) is not up yet
-        case "$state" in
-            idle|mixed|allocated|completing) break ;;
-            drain*|down*)
-                # e.g. left down by an earlier run: bring it back
-                [ "$waited" -gt 5 ] && scontrol update NodeName="$NODE" State=RESUME >/dev/null 2>&1 || true ;;
-        esac
-        # a daemon that died (bad config, port in use) will not come back: say so now
-        if [ "$waited" -ge 3 ] && ! { pid_alive munged && pid_alive slurmctld && pid_alive slurmd; }; then
-            show_logs
-            die "a daemon exited during start-up (logs above, all in $DIR/log); fix the cause, then 'bash $0 stop' and start again"
-        fi
-        if [ "$waited" -ge "$TIMEOUT" ]; then
-            sinfo -N -l >&2 || true
-            show_logs
-            die "node $NODE is not up after ${TIMEOUT}s (state: '${state:-none}'); read the logs above, then 'bash $0 stop' and start again (HYBRID_SLURM_TIMEOUT=... to wait longer)"
-        fi
-        sleep 1
-        waited=$((waited + 1))
+    local waited state
+    for node in "$NODE" "$HET_NODE"; do
+        note "waiting up to ${TIMEOUT}s for node $node to be idle"
+        waited=0 state=""
+        while :; do
+            state=$(node_state "$node")
+            # exact names: a suffix such as idle* (not responding) is not up yet
+            case "$state" in
+                idle|mixed|allocated|completing) break ;;
+                drain*|down*)
+                    # e.g. left down by an earlier run: bring it back
+                    [ "$waited" -gt 5 ] && scontrol update NodeName="$node" State=RESUME >/dev/null 2>&1 || true ;;
+            esac
+            # a daemon that died (bad config, port in use) will not come back: say so now
+            if [ "$waited" -ge 3 ] && ! { pid_alive munged && pid_alive slurmctld && pid_alive "slurmd-$NODE" \
+                                          && pid_alive "slurmd-$HET_NODE"; }; then
+                show_logs
+                die "a daemon exited during start-up (logs above, all in $DIR/log); fix the cause, then 'bash $0 stop' and start again"
+            fi
+            if [ "$waited" -ge "$TIMEOUT" ]; then
+                sinfo -N -l >&2 || true
+                show_logs
+                die "node $node is not up after ${TIMEOUT}s (state: '${state:-none}'); read the logs above, then 'bash $0 stop' and start again (HYBRID_SLURM_TIMEOUT=... to wait longer)"
+            fi
+            sleep 1
+            waited=$((waited + 1))
+        done
     done
     sinfo
     echo "export SLURM_CONF=$CONF"
@@ -272,7 +288,8 @@ stop() {
             done
         fi
     fi
-    stop_daemon slurmd
+    stop_daemon "slurmd-$NODE"
+    stop_daemon "slurmd-$HET_NODE"
     stop_daemon slurmctld
     stop_daemon munged
 }

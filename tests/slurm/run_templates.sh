@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The sbatch templates, for real, under a one-node Slurm on this machine
+# The sbatch templates, for real, under a Slurm on this machine
 # (launch/slurm/local_slurm.sh: Debian's slurm-wlm and munge, installed if missing).
 #
 # preprocess.sbatch converts a Criteo-format file on 3 ranks into the store one process writes.
+# hetjob.sbatch runs its two components on the cluster's two nodes (under MPICH: see het_job).
 # Each training template trains a small W1 smoke run with `sbatch --wait`; then each is stopped
 # mid-run by a SIGTERM the way a time limit or a preemption sends it (single-node: to the
 # batch shell, as --signal=B:TERM does; train.sbatch: to the ranks, as --signal=TERM does).
@@ -106,7 +107,41 @@ print(f"ok: preprocess.sbatch on 3 ranks wrote the one-process store (fingerprin
 PY
 }
 
+# hetjob.sbatch with its two component lines edited as a user edits them: the 3 workers on the
+# default partition's node, the PS rank on the other node (partition het, launch/slurm/local_slurm.sh).
+het_job() {
+    local status=0
+    echo "== hetjob.sbatch: 3 workers and 1 PS as two components on two nodes"
+    if [ "$MPI_FAMILY" != mpich ]; then
+        echo "SKIPPED under Open MPI: srun --mpi=pmix gives both components' steps the PMIx directory" \
+             "/tmp/spmix_appdir_0_<job>.0, which two nodes of one host share (a cluster's nodes each have their" \
+             "own /tmp); it runs in the MPICH stage (srun --mpi=pmi2)"
+        return 0
+    fi
+    sed -e 's/^#SBATCH --partition=gpu .*/#SBATCH --partition=debug --ntasks=3/' \
+        -e 's/^#SBATCH --partition=cpu .*/#SBATCH --partition=het --ntasks=1/' launch/slurm/hetjob.sbatch > "$work/hetjob.sbatch"
+    [ "$(grep -c '^#SBATCH --partition=.* --ntasks=[13]$' "$work/hetjob.sbatch")" = 2 ] \
+        || fail "hetjob.sbatch's two component lines were not found"
+    timeout "$WAIT" sbatch --wait --parsable -o "$work/het.out" "$work/hetjob.sbatch" configs/w1-smoke.yaml \
+        "data.path=$work/store" train.batch_per_worker=16 train.iterations=30 "train.checkpoint_dir=$work/ck-het" \
+        > "$work/het.id" || status=$?
+    jobs_run+=("$(cat "$work/het.id")")
+    [ "$status" -eq 0 ] || fail "hetjob.sbatch exited $status"
+    python - "results/$(cat "$work/het.id")-0.json" <<'PY' || fail "hetjob.sbatch: not 3 workers on one node and the PS on another"
+import json, sys
+summary = json.load(open(sys.argv[1]))
+launch, roles = summary["launch"], [r["role"] for r in summary["ranks"]]
+assert roles == ["worker"] * 3 + ["ps"] and summary["iterations"] == 30 and summary["evaluation"]["auc"] > 0, summary
+# worker 0's node ran the first component's 3 tasks, so the PS rank ran on the other node
+assert launch["via"] == "hetjob.sbatch" and launch["ranks_on_host"] == 3, launch
+assert launch["ranks_on_host_from"] == "SLURM_STEP_TASKS_PER_NODE", launch
+print(f"ok: hetjob.sbatch: 3 workers on one node (SLURM_STEP_TASKS_PER_NODE), the PS on the other; "
+      f"30 iterations, test AUC {summary['evaluation']['auc']:.4f}")
+PY
+}
+
 preprocess_on_ranks
+het_job
 submit_and_wait single single-node.sbatch 30 "$plain_launcher via single-node.sbatch"
 submit_and_wait srun train.sbatch 30 "srun via train.sbatch"
 preempt_and_resume single-preempted single-node.sbatch -b SIGUSR1
