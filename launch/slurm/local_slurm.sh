@@ -127,6 +127,9 @@ SlurmctldPidFile=$DIR/run/slurmctld.pid
 SlurmdPidFile=$DIR/run/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd-%n.log
+# A node's own /tmp for its jobs: PMIx steps (srun --mpi=pmix) make their directory there, named by
+# job and step only, so the two components of a heterogeneous job would collide in one /tmp.
+TmpFS=$DIR/tmp-%n
 SlurmctldDebug=info
 SlurmdDebug=info
 # No cgroups, no systemd: processes tracked through /proc, no task binding.
@@ -188,7 +191,7 @@ show_logs() {
 start() {
     [ "$(id -u)" -eq 0 ] || die "run as root (the daemons run as SlurmUser=root)"
     mkdir -p "$DIR/etc" "$DIR/log" "$DIR/run" "$DIR/state/slurmctld" "$DIR/spool/slurmd-$NODE" \
-        "$DIR/spool/slurmd-$HET_NODE" "$MUNGE_DIR"
+        "$DIR/spool/slurmd-$HET_NODE" "$DIR/tmp-$NODE" "$DIR/tmp-$HET_NODE" "$MUNGE_DIR"
     chmod 0711 "$MUNGE_DIR"   # the socket reachable by all, the key (0400) by root only
     install_packages
     write_munge_key
