@@ -10,8 +10,8 @@ from hybrid.bench import e2e_bench
 from hybrid.bench.emulated_hosts import EmulatedHosts, EmulationUnavailable, LinkShape, check_available
 from hybrid.cli import main
 from hybrid.cli.bench import _bandwidth
-from hybrid.runtime.mpi_family import of_venv
 from hybrid.runtime.link_counters import link_bytes
+from hybrid.runtime.mpi_family import of_venv
 
 
 def _namespaces() -> str:
