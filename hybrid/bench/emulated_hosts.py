@@ -77,6 +77,7 @@ class EmulatedHosts:
         if not 1 <= n <= 200:
             raise ValueError(f"between 1 and 200 emulated hosts, got {n}")
         self.n, self.shape, self.net = n, shape, net
+        self.hydra = of_venv().name == "mpich"  # launched by MPICH's Hydra, else by Open MPI's mpirun
         self.tag = f"h{net}"
         self.bridge = f"{self.tag}br"
         self.workdir: Optional[Path] = None
@@ -169,8 +170,7 @@ class EmulatedHosts:
     def _write_launch_files(self) -> None:
         """A host file in the venv's MPI's format (one slot per host) and the agent that enters a namespace."""
         hostfile = self.workdir / "hostfile"
-        mpich = of_venv().name == "mpich"
-        line = "{}:1\n" if mpich else "{} slots=1\n"
+        line = "{}:1\n" if self.hydra else "{} slots=1\n"
         hostfile.write_text("".join(line.format(self.address(i)) for i in range(self.n)))
         cases = " ".join(f"{self.address(i)}) ns={self.namespace(i)} ;;" for i in range(self.n))
         agent = self.workdir / "rsh-agent"
@@ -194,7 +194,7 @@ class EmulatedHosts:
         proxies call its control port back on the bridge's address
         (``-iface``): a namespace reaches nothing else.
         """
-        if of_venv().name == "mpich":
+        if self.hydra:
             return ["-f", str(self.hostfile), "-launcher", "ssh", "-launcher-exec", str(self.agent),
                     "-iface", self.bridge, "-genv", "UCX_NET_DEVICES", "eth0"]
         return ["--hostfile", str(self.hostfile), "--mca", "plm_rsh_agent", str(self.agent),

@@ -6,8 +6,8 @@
 # places the components of a heterogeneous job on different nodes). Both are
 # slurmd daemons of this host (slurmd -N).
 #
-#   bash launch/slurm/local_slurm.sh start    # install if missing, start, wait for the node
-#   bash launch/slurm/local_slurm.sh status   # sinfo; exit 0 if the node is up
+#   bash launch/slurm/local_slurm.sh start    # install if missing, start, wait for the nodes
+#   bash launch/slurm/local_slurm.sh status   # sinfo; exit 0 if both nodes are up
 #   bash launch/slurm/local_slurm.sh stop     # stop the daemons this script started
 #
 # Then, in the caller's shell:  export SLURM_CONF=$HYBRID_SLURM_DIR/etc/slurm.conf
@@ -304,10 +304,13 @@ status() {
     fi
     sinfo
     echo "export SLURM_CONF=$CONF"
-    case "$(node_state)" in
-        idle|mixed|allocated|completing) return 0 ;;
-        *) echo "node $NODE is not up; logs are in $DIR/log" >&2; return 1 ;;
-    esac
+    local node
+    for node in "$NODE" "$HET_NODE"; do
+        case "$(node_state "$node")" in
+            idle|mixed|allocated|completing) ;;
+            *) echo "node $node is not up; logs are in $DIR/log" >&2; return 1 ;;
+        esac
+    done
 }
 
 case "${1:-}" in
