@@ -5,6 +5,9 @@ Scoring reads the cluster state's per-row holder bitsets: the score of
 sample ``i`` on worker ``w`` is the number of its rows whose latest value
 ``w`` holds (docs/design.md section 4). That costs samples x tables array reads
 plus one step per holder bit, not samples x workers x tables set lookups.
+A sample's scores are counted as it is placed, never stored: a row is fresh
+on one worker or none, so the [samples, workers] matrix (8 MB at 128
+workers) would be almost all zeros, written and read back from memory.
 
 Allocation gives each sample, in order, to the highest-scoring worker that
 still has capacity; ties go to a uniformly chosen tied worker, chosen by a
@@ -29,7 +32,6 @@ cdef extern from *:
 
 cdef enum:
     TIE_STREAM = 0x7A1E
-    CLOSED = -2147483648  # a full worker's score mask: the sign bit (scores are >= 0)
     COMMON = 2
     SWAP_TRIES = 4
     SWAP_ROOM = 8        # (row, worker) slots per batch entry when swapping: greedy fills at most 1/8
@@ -47,17 +49,24 @@ cdef void check_scoring(int words, int n_workers, Py_ssize_t n_tables, const int
             raise ValueError(f"tables[{k}] = {tables[k]} is not a table in [0, {n_tables})")
 
 
-cdef inline void count_fresh(const uint64_t* holders, int words, const int64_t* rows, Py_ssize_t n_tables,
-                             const int32_t* tables, Py_ssize_t n_scored, Py_ssize_t i, int32_t* counts,
-                             bint prefetch_next) noexcept nogil:
+cdef inline void prefetch_holders(const uint64_t* holders, int words, const int64_t* rows, Py_ssize_t n_tables,
+                                  const int32_t* tables, Py_ssize_t n_scored, Py_ssize_t i) noexcept nogil:
+    """Start the (random) holder reads of sample ``i``'s rows, to overlap them with the work before its turn."""
+    cdef Py_ssize_t k
+    for k in range(n_scored):
+        prefetch(&holders[rows[i * n_tables + tables[k]] * words])
+
+
+cdef inline int count_fresh(const uint64_t* holders, int words, const int64_t* rows, Py_ssize_t n_tables,
+                            const int32_t* tables, Py_ssize_t n_scored, Py_ssize_t i, int32_t* counts,
+                            int32_t* touched) noexcept nogil:
     """Add to ``counts[w]`` the rows of sample ``i`` (C-ordered ``rows`` of ``n_tables``; the given
-    tables) that worker ``w`` holds fresh; prefetch the next sample's holders first."""
+    tables) that worker ``w`` holds fresh. With ``touched``, list there each worker whose count was 0,
+    and return how many."""
     cdef Py_ssize_t k, word
     cdef int64_t e
     cdef uint64_t x
-    if prefetch_next:  # overlap the next sample's (random) holder reads
-        for k in range(n_scored):
-            prefetch(&holders[rows[(i + 1) * n_tables + tables[k]] * words])
+    cdef int w, n_touched = 0
     for k in range(n_scored):
         e = rows[i * n_tables + tables[k]]
         for word in range(words):
@@ -65,8 +74,13 @@ cdef inline void count_fresh(const uint64_t* holders, int words, const int64_t* 
             if word == 0:
                 x = x & ~(<uint64_t>1)  # bit 0 is the PS
             while x:
-                counts[64 * word + ctz64(x) - 1] += 1
+                w = 64 * word + ctz64(x) - 1
+                if touched != NULL and counts[w] == 0:
+                    touched[n_touched] = w
+                    n_touched += 1
+                counts[w] += 1
                 x = x & (x - 1)
+    return n_touched
 
 
 cdef inline int32_t margin_of(const int32_t* scores, Py_ssize_t n_workers) noexcept nogil:
@@ -80,45 +94,12 @@ cdef inline int32_t margin_of(const int32_t* scores, Py_ssize_t n_workers) noexc
     return second - best
 
 
-def score(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
-          const int32_t[::1] tables, int32_t[:, ::1] out, int threads=1):
-    """``out[i, w]`` = rows of sample ``i`` (in the given ``tables``) fresh on worker ``w``."""
-    cdef Py_ssize_t n_samples = rows.shape[0], n_tables = rows.shape[1], i, w
-    if out.shape[0] != n_samples or out.shape[1] != n_workers:
-        raise ValueError(f"out: expected shape ({n_samples}, {n_workers}), got ({out.shape[0]}, {out.shape[1]})")
-    check_scoring(words, n_workers, n_tables, tables)
-    if n_samples == 0 or tables.shape[0] == 0:
-        out[:, :] = 0
-        return
-    with nogil:
-        for i in prange(n_samples, num_threads=threads, schedule="static"):
-            for w in range(n_workers):
-                out[i, w] = 0
-            count_fresh(&holders[0], words, &rows[0, 0], n_tables, &tables[0], tables.shape[0], i, &out[i, 0],
-                        i + 1 < n_samples)
-
-
-def margins(*, const int32_t[:, ::1] scores, int threads=1):
-    """Per sample, its second-best score less its best (<= 0; 0 when the best is shared), as int32."""
-    cdef Py_ssize_t n_samples = scores.shape[0], n_workers = scores.shape[1], i
-    out_array = np.zeros(n_samples, dtype=np.int32)
-    cdef int32_t[::1] out = out_array
-    if n_workers < 2:
-        return out_array
-    with nogil:
-        for i in prange(n_samples, num_threads=threads, schedule="static"):
-            out[i] = margin_of(&scores[i, 0], n_workers)
-    return out_array
-
-
 def fresh_margins(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
                   const int32_t[::1] tables, int threads=1):
-    """``margins(scores=...)`` of :func:`score`'s scores, without them: each sample's scores are counted
-    in a buffer of the thread's (one cache line per 16 workers) and reduced at once.
-
-    The confident order needs the margins only; the whole [samples, workers]
-    matrix (8 MB at 128 workers x 16,384 samples) would be written and read
-    back from memory for them.
+    """Per sample, its second-best fresh-row count over the workers less its best (<= 0; 0 when the best
+    is shared), as int32: the confident order's key. Each sample's counts go to a buffer of the thread's
+    (one cache line per 16 workers) and are reduced at once, never to a [samples, workers] matrix
+    (8 MB at 128 workers x 16,384 samples, written and read back from memory).
     """
     cdef Py_ssize_t n_samples = rows.shape[0], n_tables = rows.shape[1], i
     check_scoring(words, n_workers, n_tables, tables)
@@ -132,55 +113,97 @@ def fresh_margins(*, const uint64_t[::1] holders, int words, int n_workers, cons
         if counts == NULL:
             abort()
         for i in prange(n_samples, schedule="static"):
-            count_fresh(&holders[0], words, &rows[0, 0], n_tables, &tables[0], tables.shape[0], i, counts,
-                        i + 1 < n_samples)
+            if i + 1 < n_samples:
+                prefetch_holders(&holders[0], words, &rows[0, 0], n_tables, &tables[0], tables.shape[0], i + 1)
+            count_fresh(&holders[0], words, &rows[0, 0], n_tables, &tables[0], tables.shape[0], i, counts, NULL)
             out[i] = margin_of(counts, n_workers)
             memset(counts, 0, n_workers * sizeof(int32_t))
         free(counts)
     return out_array
 
 
-cdef void allocate_range(const int32_t[:, ::1] scores, int64_t first, int64_t last,
-                         int64_t* remaining, uint64_t seed, uint64_t iteration,
-                         int32_t[::1] alloc, const int64_t* order) noexcept nogil:
-    """Algorithm 1 on samples [first, last) with per-worker ``remaining`` capacity.
+cdef inline int64_t nth_set_bit(const uint64_t* bits, int64_t n) noexcept nogil:
+    """Position of set bit ``n`` (from 0, lowest first) of the bit array ``bits``; the caller knows it exists."""
+    cdef int64_t k = 0
+    cdef uint64_t x
+    while n >= popcount64(bits[k]):
+        n -= popcount64(bits[k])
+        k += 1
+    x = bits[k]
+    while n > 0:
+        x &= x - 1
+        n -= 1
+    return 64 * k + ctz64(x)
+
+
+cdef void allocate_range(const uint64_t* holders, int words, int n_workers, const int64_t* rows,
+                         Py_ssize_t n_tables, const int32_t* tables, Py_ssize_t n_scored,
+                         int64_t first, int64_t last, int64_t* remaining, uint64_t seed, uint64_t iteration,
+                         int32_t* alloc, const int64_t* order) noexcept nogil:
+    """Algorithm 1 on samples [first, last) with per-worker ``remaining`` capacity, scoring as it goes.
 
     ``order`` (or NULL: as they come) gives the sample taken at each step; a
     tie is broken by a hash of the sample, not of the step, so the choice
-    for a sample does not depend on where the order puts it. A full worker's
-    scores are masked (``closed``: the sign bit), so that the best score and
-    its ties are found without branches (the compiler vectorizes both loops).
+    for a sample does not depend on where the order puts it. A sample's
+    scores are counted from the holder bits of its rows into a buffer of
+    this call's: a row has one or no worker holding it fresh (two after a
+    P2P send), so a sample scores on a handful of workers, and only those
+    are read and cleared. Every other open worker scores 0, so when no
+    scoring worker is open the pick is among all open ones (a bit array).
+    The result is that of the dense form: the best score over the open
+    workers, and the tied worker the hash picks, in worker order.
     """
-    cdef Py_ssize_t n_workers = scores.shape[1]
-    cdef int64_t i, j, w, pick
-    cdef int32_t best, ties
-    cdef const int32_t* row
+    cdef int64_t j, i, ties, pick, n_open = 0
+    cdef int32_t best
+    cdef int w, t, u, n_touched, lowest
     cdef uint64_t stream = iteration * <uint64_t>0x100000001B3ULL + TIE_STREAM
-    cdef int32_t* closed = <int32_t*>malloc(max(1, n_workers) * sizeof(int32_t))
-    if closed == NULL:
+    cdef int open_words = (n_workers + 63) // 64
+    cdef int32_t* counts = <int32_t*>calloc(max(1, n_workers), sizeof(int32_t))
+    cdef int32_t* touched = <int32_t*>malloc(max(1, n_workers) * sizeof(int32_t))
+    cdef uint64_t* is_open = <uint64_t*>calloc(max(1, open_words), sizeof(uint64_t))
+    if counts == NULL or touched == NULL or is_open == NULL:
         abort()
     for w in range(n_workers):
-        closed[w] = 0 if remaining[w] > 0 else CLOSED
+        if remaining[w] > 0:
+            is_open[w >> 6] |= (<uint64_t>1) << (w & 63)
+            n_open += 1
     for j in range(first, last):
+        if j + 2 < last:  # overlap a later sample's holder reads
+            prefetch_holders(holders, words, rows, n_tables, tables, n_scored, order[j + 2] if order != NULL else j + 2)
         i = order[j] if order != NULL else j
-        row = &scores[i, 0]
-        best = CLOSED
-        for w in range(n_workers):
-            best = max(best, row[w] | closed[w])
+        n_touched = count_fresh(holders, words, rows, n_tables, tables, n_scored, i, counts, touched)
+        best = 0
         ties = 0
-        for w in range(n_workers):
-            ties += (row[w] | closed[w]) == best
-        pick = <int64_t>(hash3(seed, stream, <uint64_t>i) % <uint64_t>ties)
-        for w in range(n_workers):
-            if (row[w] | closed[w]) == best:
-                if pick == 0:
-                    alloc[i] = <int32_t>w
-                    remaining[w] -= 1
-                    if remaining[w] == 0:
-                        closed[w] = CLOSED
-                    break
-                pick -= 1
-    free(closed)
+        for t in range(n_touched):
+            w = touched[t]
+            if remaining[w] > 0:
+                if counts[w] > best:
+                    best, ties = counts[w], 0
+                if counts[w] == best:
+                    ties += 1
+        if best > 0:  # the pick-th tied worker in worker order: the lowest tied one above the last, pick times
+            pick = <int64_t>(hash3(seed, stream, <uint64_t>i) % <uint64_t>ties)
+            w = -1
+            for u in range(pick + 1):
+                lowest = n_workers
+                for t in range(n_touched):
+                    if touched[t] > w and touched[t] < lowest and counts[touched[t]] == best \
+                            and remaining[touched[t]] > 0:
+                        lowest = touched[t]
+                w = lowest
+        else:  # every open worker scores 0: all of them tie
+            pick = <int64_t>(hash3(seed, stream, <uint64_t>i) % <uint64_t>n_open)
+            w = <int>nth_set_bit(is_open, pick)
+        alloc[i] = <int32_t>w
+        remaining[w] -= 1
+        if remaining[w] == 0:
+            is_open[w >> 6] &= ~((<uint64_t>1) << (w & 63))
+            n_open -= 1
+        for t in range(n_touched):
+            counts[touched[t]] = 0
+    free(counts)
+    free(touched)
+    free(is_open)
 
 
 def checked_order(capacity, Py_ssize_t n_samples, Py_ssize_t n_workers, order):
@@ -198,24 +221,30 @@ def checked_order(capacity, Py_ssize_t n_samples, Py_ssize_t n_workers, order):
     return steps
 
 
-def allocate_exact(*, const int32_t[:, ::1] scores, const int64_t[::1] capacity, uint64_t seed,
-                   uint64_t iteration, order=None):
-    """Herald's Algorithm 1, sequential over samples (in ``order``, a permutation, if given).
-
-    Returns int32 worker per sample.
-    """
-    cdef Py_ssize_t n_samples = scores.shape[0], n_workers = scores.shape[1]
+def allocate_exact(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
+                   const int32_t[::1] tables, const int64_t[::1] capacity, uint64_t seed, uint64_t iteration,
+                   order=None):
+    """Herald's Algorithm 1, sequential over samples (in ``order``, a permutation, if given): each sample
+    to the open worker holding most of its rows (in ``tables``) fresh. Returns int32 worker per sample."""
+    cdef Py_ssize_t n_samples = rows.shape[0], n_tables = rows.shape[1]
+    check_scoring(words, n_workers, n_tables, tables)
     cdef int64_t[::1] steps = checked_order(capacity, n_samples, n_workers, order)
     cdef const int64_t* taken = &steps[0] if steps.shape[0] else NULL
     cdef int64_t[::1] remaining = np.array(capacity, dtype=np.int64)
     alloc = np.empty(n_samples, dtype=np.int32)
     cdef int32_t[::1] out = alloc
+    cdef Py_ssize_t n_scored = tables.shape[0] if n_tables else 0
+    if n_samples == 0:
+        return alloc
     with nogil:
-        allocate_range(scores, 0, n_samples, &remaining[0], seed, iteration, out, taken)
+        allocate_range(&holders[0], words, n_workers, &rows[0, 0] if n_tables else NULL, n_tables,
+                       &tables[0] if n_scored else NULL, n_scored, 0, n_samples, &remaining[0], seed, iteration,
+                       &out[0], taken)
     return alloc
 
 
-def allocate_chunked(*, const int32_t[:, ::1] scores, const int64_t[:, ::1] chunk_capacity,
+def allocate_chunked(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
+                     const int32_t[::1] tables, const int64_t[:, ::1] chunk_capacity,
                      const int64_t[::1] chunk_start, uint64_t seed, uint64_t iteration, int threads=1):
     """Algorithm 1 per chunk, chunks in parallel.
 
@@ -223,11 +252,12 @@ def allocate_chunked(*, const int32_t[:, ::1] scores, const int64_t[:, ::1] chun
     capacities ``chunk_capacity[c]``; each row of capacities must sum to its
     chunk's size.
     """
-    cdef Py_ssize_t n_chunks = chunk_capacity.shape[0], n_samples = scores.shape[0]
+    cdef Py_ssize_t n_chunks = chunk_capacity.shape[0], n_samples = rows.shape[0], n_tables = rows.shape[1]
+    check_scoring(words, n_workers, n_tables, tables)
     if chunk_start.shape[0] != n_chunks + 1 or chunk_start[0] != 0 or chunk_start[n_chunks] != n_samples:
         raise ValueError(f"chunk_start must run from 0 to {n_samples} in {n_chunks + 1} entries")
-    if chunk_capacity.shape[1] != scores.shape[1]:
-        raise ValueError(f"chunk_capacity: expected {scores.shape[1]} workers, got {chunk_capacity.shape[1]}")
+    if chunk_capacity.shape[1] != n_workers:
+        raise ValueError(f"chunk_capacity: expected {n_workers} workers, got {chunk_capacity.shape[1]}")
     sums = np.asarray(chunk_capacity).sum(axis=1)
     sizes = np.diff(np.asarray(chunk_start))
     if not np.array_equal(sums, sizes):
@@ -235,10 +265,15 @@ def allocate_chunked(*, const int32_t[:, ::1] scores, const int64_t[:, ::1] chun
     cdef int64_t[:, ::1] remaining = np.array(chunk_capacity, dtype=np.int64)
     alloc = np.empty(n_samples, dtype=np.int32)
     cdef int32_t[::1] out = alloc
-    cdef Py_ssize_t c
+    cdef Py_ssize_t c, n_scored = tables.shape[0] if n_tables else 0
+    if n_samples == 0:
+        return alloc
+    cdef const int64_t* row_ids = &rows[0, 0] if n_tables else NULL
+    cdef const int32_t* scored = &tables[0] if n_scored else NULL
     with nogil:
         for c in prange(n_chunks, num_threads=threads, schedule="dynamic"):
-            allocate_range(scores, chunk_start[c], chunk_start[c + 1], &remaining[c, 0], seed, iteration, out, NULL)
+            allocate_range(&holders[0], words, n_workers, row_ids, n_tables, scored, n_scored, chunk_start[c],
+                           chunk_start[c + 1], &remaining[c, 0], seed, iteration, &out[0], NULL)
     return alloc
 
 

@@ -110,22 +110,18 @@ class LaiaAllocation(AllocationPolicy):
         self.confident, self.cost, self.full_set, self.swap_rounds = confident, cost, full_set, swap_rounds
         self.looks_ahead = lookahead
         self.tables: np.ndarray | None = None
-        self._scores = np.zeros((0, self.n_workers), dtype=np.int32)
         self._layouts: dict[int, tuple] = {}  # batch size -> (capacity, chunk starts, chunk capacities)
         self._scratch = (laia.CostScratch(), laia.CostScratch()) if cost else None  # cost scoring's memory
 
     def allocate(self, rows: np.ndarray, iteration: int, upcoming: np.ndarray | None = None) -> np.ndarray:
+        """Scoring is the orders' margins (read from the holders); Algorithm 1 counts each sample's fresh
+        rows as it places it, and cost scoring reads the holders itself: no [samples, workers] scores."""
         n = len(rows)
         start = time.perf_counter()
         tables = np.arange(rows.shape[1], dtype=np.int32) if self.tables is None else self.tables
         scoring = dict(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
-                       rows=rows, tables=tables, threads=self.threads)
-        if self.cost:  # cost scoring reads the holders itself; the orders need only each sample's margin
-            gaps = laia.fresh_margins(**scoring) if self.confident or self.looks_ahead else None
-        else:
-            if self._scores.shape[0] != n:
-                self._scores = np.zeros((n, self.n_workers), dtype=np.int32)
-            laia.score(out=self._scores, **scoring)
+                       rows=rows, tables=tables)
+        gaps = laia.fresh_margins(threads=self.threads, **scoring) if self.confident or self.looks_ahead else None
         scored = time.perf_counter()
         if n not in self._layouts:
             capacity = capacities(n, self.n_workers)
@@ -134,12 +130,11 @@ class LaiaAllocation(AllocationPolicy):
         if self.cost:
             alloc = self._cost_allocation(rows, tables, capacity, iteration, upcoming, gaps)
         elif self.chunks is None:
-            order = margin_order(laia.margins(scores=self._scores, threads=self.threads)) if self.confident else None
-            alloc = laia.allocate_exact(scores=self._scores, capacity=capacity, seed=self.seed,
-                                        iteration=iteration, order=order)
+            alloc = laia.allocate_exact(capacity=capacity, seed=self.seed, iteration=iteration,
+                                        order=margin_order(gaps) if self.confident else None, **scoring)
         else:
-            alloc = laia.allocate_chunked(scores=self._scores, chunk_capacity=chunk_capacity, chunk_start=starts,
-                                          seed=self.seed, iteration=iteration, threads=self.threads)
+            alloc = laia.allocate_chunked(chunk_capacity=chunk_capacity, chunk_start=starts, seed=self.seed,
+                                          iteration=iteration, threads=self.threads, **scoring)
         self.timing = {"scoring": scored - start, "allocation": time.perf_counter() - scored}
         return alloc
 
@@ -168,11 +163,10 @@ class LaiaAllocation(AllocationPolicy):
 def margin_order(gaps: np.ndarray) -> np.ndarray:
     """Samples by the margin of their best worker over the second best, largest first (ties: batch order).
 
-    ``gaps``: per sample, second-best score less best (``laia.margins``,
-    ``laia.fresh_margins``). A sample whose rows one worker holds far more of
-    than any other gains the most from going there; taken first, it is not
-    pushed elsewhere by a worker that filled up with samples that any worker
-    would have served.
+    ``gaps``: per sample, second-best score less best (``laia.fresh_margins``).
+    A sample whose rows one worker holds far more of than any other gains
+    the most from going there; taken first, it is not pushed elsewhere by a
+    worker that filled up with samples that any worker would have served.
     """
     return np.argsort(gaps, kind="stable").astype(np.int64)  # most negative first
 
@@ -300,9 +294,14 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
         costs = []
         for _ in range(repeats):
             LaiaAllocation.allocate(self, rows, 0)
-            costs.append(1000 * self.timing["scoring"] / self.n_tables)
+            costs.append(1000 * self.scoring_seconds() / self.n_tables)
         self.tables = chosen
         return float(np.median(costs))
+
+    def scoring_seconds(self) -> float:
+        """The last batch's scoring cost: its allocation too, because Algorithm 1 counts each sample's
+        fresh rows as it places it (the work that grows with the tables scored)."""
+        return self.timing["scoring"] + self.timing["allocation"]
 
     def fix_table_count(self, cost_per_table_ms: float) -> int:
         """Score, from now on, the tables ``budget_ms`` affords at ``cost_per_table_ms`` (agreed by every rank)."""
@@ -326,7 +325,7 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
             self.tables = np.sort(order[:self.table_count()]).astype(np.int32)
         alloc = super().allocate(rows, iteration, upcoming)
         scored = len(self.tables) if self.tables is not None else self.n_tables
-        per_table = 1000 * self.timing["scoring"] / max(1, scored)
+        per_table = 1000 * self.scoring_seconds() / max(1, scored)
         self.cost_per_table_ms = per_table if not self.cost_per_table_ms else \
             0.9 * self.cost_per_table_ms + 0.1 * per_table
         return alloc

@@ -62,8 +62,9 @@ def scored_batches(draw):
     return n_workers, n_rows, seed, history, allocs, rows
 
 
-def _reference_algorithm_1(scores, capacity, seed, iteration):
-    """Herald's Algorithm 1 in plain Python, with the documented tie-break hash."""
+def _reference_algorithm_1(scores, capacity, seed, iteration, samples=None):
+    """Herald's Algorithm 1 in plain Python over a dense [samples, workers] score matrix, with the
+    documented tie-break hash (of the sample's index in the batch: ``samples``, else its position)."""
     remaining = list(capacity)
     stream = (iteration * 0x100000001B3 + 0x7A1E) % 2**64
     alloc = []
@@ -71,7 +72,7 @@ def _reference_algorithm_1(scores, capacity, seed, iteration):
         open_workers = [w for w in range(len(row)) if remaining[w] > 0]
         best = max(row[w] for w in open_workers)
         tied = [w for w in open_workers if row[w] == best]
-        w = tied[int(hash3(seed, stream, i)) % len(tied)]
+        w = tied[int(hash3(seed, stream, i if samples is None else int(samples[i]))) % len(tied)]
         remaining[w] -= 1
         alloc.append(w)
     return np.array(alloc, dtype=np.int32)
@@ -86,7 +87,6 @@ def test_laia_is_algorithm_1_on_fresh_counts(case):
     expected_scores = np.array([[holders[row, w + 1].sum() for w in range(n_workers)] for row in rows])
     policy = LaiaAllocation(state, seed)
     alloc = policy.allocate(rows, iteration=5)
-    assert np.array_equal(policy._scores, expected_scores)
     assert np.array_equal(alloc, _reference_algorithm_1(expected_scores, capacities(len(rows), n_workers), seed, 5))
     assert np.array_equal(np.bincount(alloc, minlength=n_workers), capacities(len(rows), n_workers))
 
@@ -120,12 +120,77 @@ def test_laia_sends_a_sample_where_its_rows_are_fresh():
     assert alloc.tolist() == [1, 0]
 
 
-def test_score_kernel_rejects_bad_shapes():
-    with pytest.raises(ValueError, match=r"out: expected shape \(2, 3\)"):
-        laia.score(holders=np.zeros(4, np.uint64), words=1, n_workers=3, rows=np.zeros((2, 1), np.int64),
-                   tables=np.zeros(1, np.int32), out=np.zeros((2, 2), np.int32))
+def _holders_scoring(scores):
+    """Holder words, word count and rows whose fresh counts are ``scores`` [samples, workers]: each
+    count is that many rows fresh on that worker alone; row 0 (the PS's alone) pads the samples."""
+    scores = np.asarray(scores)
+    n, n_workers = scores.shape
+    words = (n_workers + 1 + 63) // 64
+    n_tables = max(1, int(scores.sum(axis=1).max()))
+    rows = np.zeros((n, n_tables), dtype=np.int64)
+    owners = [-1]  # the worker holding each row fresh
+    for i in range(n):
+        ids = [w for w in range(n_workers) for _ in range(scores[i, w])]
+        rows[i, :len(ids)] = np.arange(len(owners), len(owners) + len(ids))
+        owners += ids
+    bits = np.zeros((len(owners), 64 * words), dtype=bool)
+    bits[:, 0] = True
+    for row, w in enumerate(owners[1:], start=1):
+        bits[row] = False
+        bits[row, w + 1] = True
+    holders = np.packbits(bits, axis=1, bitorder="little").view(np.uint64).reshape(-1)
+    return dict(holders=holders, words=words, n_workers=n_workers, rows=rows,
+                tables=np.arange(n_tables, dtype=np.int32))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([1, 2, 5, 63, 64, 70, 130]), st.integers(1, 60), st.integers(1, 4),
+       st.sampled_from([0.01, 0.1, 0.5]), st.integers(0, 2**32 - 1), st.data())
+def test_algorithm_1_from_the_holders_equals_it_on_the_dense_scores(n_workers, n, n_tables, density, seed, data):
+    """The kernels count only the workers a sample's rows are fresh on; the reference scores every worker.
+    Full workers (capacity 0 among them), ties, all-zero samples and several holder words included."""
+    rng = np.random.default_rng(seed)
+    words = (n_workers + 1 + 63) // 64
+    bits = rng.random((40, 64 * words)) < density
+    bits[:, n_workers + 1:] = False
+    holders = np.packbits(bits, axis=1, bitorder="little").view(np.uint64).reshape(-1)
+    rows = rng.integers(0, 40, size=(n, n_tables)).astype(np.int64)
+    tables = np.flatnonzero(rng.random(n_tables) < 0.7).astype(np.int32)  # adaptive LAIA scores a subset
+    scores = bits[rows[:, tables]][:, :, 1:n_workers + 1].sum(axis=1)
+    capacity = np.bincount(rng.integers(0, n_workers, size=n), minlength=n_workers).astype(np.int64)
+    common = dict(holders=holders, words=words, n_workers=n_workers, rows=rows, tables=tables)
+    order = data.draw(st.sampled_from([None, "margins", "random"]))
+    if order == "margins":
+        order = margin_order(laia.fresh_margins(**common))
+    elif order == "random":
+        order = rng.permutation(n).astype(np.int64)
+    iteration = data.draw(st.integers(0, 100))
+    alloc = laia.allocate_exact(capacity=capacity, seed=seed, iteration=iteration, order=order, **common)
+    expected = _reference_algorithm_1(scores if order is None else scores[order], capacity, seed, iteration,
+                                      samples=order)
+    assert np.array_equal(alloc if order is None else alloc[order], expected)
+    chunks = data.draw(st.integers(1, 5))
+    starts, chunk_capacity = chunk_layout(n, capacities(n, n_workers), chunks)
+    chunked = laia.allocate_chunked(chunk_capacity=chunk_capacity, chunk_start=starts, seed=seed,
+                                    iteration=iteration, threads=2, **common)
+    for c in range(len(starts) - 1):
+        piece = slice(starts[c], starts[c + 1])
+        assert np.array_equal(chunked[piece], _reference_algorithm_1(
+            scores[piece], chunk_capacity[c], seed, iteration, samples=np.arange(starts[c], starts[c + 1])))
+
+
+def test_allocation_kernels_reject_bad_input():
+    common = _holders_scoring(np.zeros((2, 3), np.int32))
     with pytest.raises(ValueError, match="capacities sum to 3, expected 2"):
-        laia.allocate_exact(scores=np.zeros((2, 2), np.int32), capacity=np.array([2, 1]), seed=0, iteration=0)
+        laia.allocate_exact(capacity=np.array([2, 1, 0]), seed=0, iteration=0, **common)
+    with pytest.raises(ValueError, match=r"tables\[0\] = 5 is not a table"):
+        laia.allocate_exact(capacity=np.array([1, 1, 0]), seed=0, iteration=0, **(common | {"tables": np.array([5], np.int32)}))
+    with pytest.raises(ValueError, match="chunk_capacity: expected 3 workers, got 2"):
+        laia.allocate_chunked(chunk_capacity=np.array([[1, 1]]), chunk_start=np.array([0, 2]), seed=0, iteration=0,
+                              **common)
+    with pytest.raises(ValueError, match="1 holder words cannot hold PS"):
+        laia.allocate_exact(capacity=np.ones(64, np.int64), seed=0, iteration=0,
+                            **(common | {"n_workers": 64, "rows": np.zeros((64, 1), np.int64)}))
 
 
 @settings(max_examples=25, deadline=None)
@@ -213,8 +278,9 @@ def test_a_budget_agreed_on_fixes_the_table_count_and_a_resume_keeps_it():
 def test_the_confident_order_takes_the_largest_margins_first_and_respects_capacity(n_workers, n, seed, data):
     scores = np.array(data.draw(st.lists(st.lists(st.integers(0, 5), min_size=n_workers, max_size=n_workers),
                                          min_size=n, max_size=n)), dtype=np.int32).reshape(n, n_workers)
-    gaps = laia.margins(scores=scores)
-    assert np.array_equal(gaps, laia.margins(scores=scores, threads=3))
+    common = _holders_scoring(scores)
+    gaps = laia.fresh_margins(**common)
+    assert np.array_equal(gaps, laia.fresh_margins(threads=3, **common))
     order = margin_order(gaps)
     assert sorted(order.tolist()) == list(range(n))
     if n_workers > 1:
@@ -223,9 +289,9 @@ def test_the_confident_order_takes_the_largest_margins_first_and_respects_capaci
         assert (np.diff(margins) <= 0).all()
         assert np.array_equal(order, np.argsort(top[:, -2] - top[:, -1], kind="stable"))  # ties: batch order
     capacity = capacities(n, n_workers)
-    alloc = laia.allocate_exact(scores=scores, capacity=capacity, seed=seed, iteration=3, order=order)
+    alloc = laia.allocate_exact(capacity=capacity, seed=seed, iteration=3, order=order, **common)
     assert np.bincount(alloc, minlength=n_workers).tolist() == capacity.tolist()  # each sample once, capacity kept
-    again = laia.allocate_exact(scores=scores, capacity=capacity, seed=seed, iteration=3, order=order)
+    again = laia.allocate_exact(capacity=capacity, seed=seed, iteration=3, order=order, **common)
     assert np.array_equal(alloc, again)
 
 
@@ -242,7 +308,7 @@ def _python_margins(holder_sets: np.ndarray, rows: np.ndarray) -> np.ndarray:
 @given(st.sampled_from([1, 2, 5, 70]), st.integers(1, 30), st.integers(1, 4), st.integers(0, 2**32 - 1),
        st.sampled_from([1, 3]))
 def test_margins_read_from_the_holders_equal_the_margins_of_the_scores(n_workers, n, n_tables, seed, threads):
-    """Cost scoring orders by ``fresh_margins`` without a scores matrix; 70 workers: two holder words."""
+    """The orders read ``fresh_margins`` without a scores matrix; 70 workers: two holder words."""
     rng = np.random.default_rng(seed)
     n_rows = 50
     words = (n_workers + 1 + 63) // 64
@@ -252,21 +318,19 @@ def test_margins_read_from_the_holders_equal_the_margins_of_the_scores(n_workers
     rows = rng.integers(0, n_rows, size=(n, n_tables)).astype(np.int64)
     tables = np.arange(n_tables, dtype=np.int32)[::2].copy()  # a subset of the tables, as adaptive LAIA scores
     common = dict(holders=holders, words=words, n_workers=n_workers, rows=rows, tables=tables)
-    scores = np.zeros((n, n_workers), dtype=np.int32)
-    laia.score(out=scores, **common)
     gaps = laia.fresh_margins(threads=threads, **common)
-    assert np.array_equal(gaps, laia.margins(scores=scores))
     assert np.array_equal(gaps, _python_margins(bits[:, :n_workers + 1], rows[:, tables]))
 
 
 def test_when_capacity_allows_every_order_gives_each_sample_a_best_worker():
     scores = np.array([[3, 0], [0, 2], [1, 1], [2, 2]], dtype=np.int32)
     capacity = np.array([2, 2], dtype=np.int64)  # the two tied samples fit wherever the others go
-    for order in (None, margin_order(laia.margins(scores=scores))):
-        alloc = laia.allocate_exact(scores=scores, capacity=capacity, seed=1, iteration=0, order=order)
+    common = _holders_scoring(scores)
+    for order in (None, margin_order(laia.fresh_margins(**common))):
+        alloc = laia.allocate_exact(capacity=capacity, seed=1, iteration=0, order=order, **common)
         assert all(scores[i, alloc[i]] == scores[i].max() for i in range(4))
     with pytest.raises(ValueError, match="permutation"):
-        laia.allocate_exact(scores=scores, capacity=capacity, seed=1, iteration=0, order=[0, 0, 1, 2])
+        laia.allocate_exact(capacity=capacity, seed=1, iteration=0, order=[0, 0, 1, 2], **common)
 
 
 @pytest.mark.parametrize("choice", [{"confident": True}, {"cost": True}, {"cost": True, "confident": True},
