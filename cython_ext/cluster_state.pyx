@@ -197,8 +197,7 @@ cdef class ClusterState:
     # from most to least recently used. LRU is the case of one bucket; LFU
     # evicts from the lowest non-empty bucket (counts saturate at buckets - 1).
     cdef readonly int buckets
-    cdef int32_t[::1] lru_prev
-    cdef int32_t[::1] lru_next
+    cdef int32_t[::1] lru_links              # slot k of all workers' slots: [2k] more recent, [2k + 1] less (one line)
     cdef int32_t[::1] lru_head               # [worker * buckets + f]: most recent slot of bucket f
     cdef int32_t[::1] lru_tail               # least recent slot of bucket f
     cdef int32_t[::1] freq                   # LFU: bucket of each slot (unused with one bucket)
@@ -333,8 +332,7 @@ cdef class ClusterState:
         if policy not in ("lru", "lfu"):
             raise ValueError(f"policy must be 'lru' or 'lfu', got {policy!r}")
         self.buckets = 1 if policy == "lru" else LFU_BUCKETS
-        self.lru_prev = np.full(n_workers * capacity, EMPTY, dtype=np.int32)
-        self.lru_next = np.full(n_workers * capacity, EMPTY, dtype=np.int32)
+        self.lru_links = np.full(2 * n_workers * capacity, EMPTY, dtype=np.int32)
         self.lru_head = np.full(n_workers * self.buckets, EMPTY, dtype=np.int32)
         self.lru_tail = np.full(n_workers * self.buckets, EMPTY, dtype=np.int32)
         self.freq = np.zeros(n_workers * capacity if self.buckets > 1 else 1, dtype=np.int32)
@@ -499,13 +497,13 @@ cdef class ClusterState:
     cdef inline void lru_unlink(self, int w, int32_t s) noexcept nogil:
         cdef int64_t b = w * self.capacity
         cdef int64_t head = w * self.buckets + self.bucket_of(w, s)
-        cdef int32_t p = self.lru_prev[b + s], n = self.lru_next[b + s]
+        cdef int32_t p = self.lru_links[2 * (b + s)], n = self.lru_links[2 * (b + s) + 1]
         if p != EMPTY:
-            self.lru_next[b + p] = n
+            self.lru_links[2 * (b + p) + 1] = n
         else:
             self.lru_head[head] = n
         if n != EMPTY:
-            self.lru_prev[b + n] = p
+            self.lru_links[2 * (b + n)] = p
         else:
             self.lru_tail[head] = p
 
@@ -513,10 +511,10 @@ cdef class ClusterState:
         cdef int64_t b = w * self.capacity
         cdef int32_t f = self.bucket_of(w, s)
         cdef int64_t head = w * self.buckets + f
-        self.lru_prev[b + s] = EMPTY
-        self.lru_next[b + s] = self.lru_head[head]
+        self.lru_links[2 * (b + s)] = EMPTY
+        self.lru_links[2 * (b + s) + 1] = self.lru_head[head]
         if self.lru_head[head] != EMPTY:
-            self.lru_prev[b + self.lru_head[head]] = s
+            self.lru_links[2 * (b + self.lru_head[head])] = s
         else:
             self.lru_tail[head] = s
         self.lru_head[head] = s
@@ -1111,17 +1109,16 @@ cdef class ClusterState:
             if p + FAR_AHEAD < last:
                 s = self.pair_slot[p + FAR_AHEAD]
                 if s != EMPTY:
-                    prefetch(&self.lru_prev[b + s])
-                    prefetch(&self.lru_next[b + s])
+                    prefetch(&self.lru_links[2 * (b + s)])
             if p + FAR_AHEAD // 2 < last:
                 s = self.pair_slot[p + FAR_AHEAD // 2]
                 if s != EMPTY:
-                    n = self.lru_prev[b + s]
+                    n = self.lru_links[2 * (b + s)]
                     if n != EMPTY:
-                        prefetch(&self.lru_next[b + n])
-                    n = self.lru_next[b + s]
+                        prefetch(&self.lru_links[2 * (b + n)])
+                    n = self.lru_links[2 * (b + s) + 1]
                     if n != EMPTY:
-                        prefetch(&self.lru_prev[b + n])
+                        prefetch(&self.lru_links[2 * (b + n)])
             s = self.pair_slot[p]
             if s != EMPTY:
                 self.lru_touch(w, s)
@@ -1516,7 +1513,7 @@ cdef class ClusterState:
     def _persistent(self):
         """Views of the arrays that outlive an iteration, by name."""
         return {"holders": np.asarray(self.holders), "slot_row": np.asarray(self.slot_row),
-                "lru_prev": np.asarray(self.lru_prev), "lru_next": np.asarray(self.lru_next),
+                "lru_prev": np.asarray(self.lru_links)[0::2], "lru_next": np.asarray(self.lru_links)[1::2],
                 "lru_head": np.asarray(self.lru_head), "lru_tail": np.asarray(self.lru_tail),
                 "freq": np.asarray(self.freq), "lowest": np.asarray(self.lowest), "used": np.asarray(self.used),
                 "table": np.asarray(self.table)}
@@ -1836,14 +1833,14 @@ cdef class ClusterState:
             s = self.lru_head[w * self.buckets + f]
             while s != EMPTY:
                 order.append(s)
-                s = self.lru_next[w * self.capacity + s]
+                s = self.lru_links[2 * (w * self.capacity + s) + 1]
         return order
 
     def digest(self):
         """Hash of the whole state (holders, caches, LRU order), to compare across ranks."""
         h = hashlib.sha256()
-        for array in (np.asarray(self.holders), np.asarray(self.slot_row), np.asarray(self.lru_prev),
-                      np.asarray(self.lru_next), np.asarray(self.lru_head), np.asarray(self.used),
+        for array in (np.asarray(self.holders), np.asarray(self.slot_row), np.asarray(self.lru_links)[0::2],
+                      np.asarray(self.lru_links)[1::2], np.asarray(self.lru_head), np.asarray(self.used),
                       np.asarray(self.freq)):
             h.update(array.tobytes())
         return h.hexdigest()[:16]
