@@ -61,8 +61,8 @@ cdef inline int count_fresh(const uint64_t* holders, int words, const int64_t* r
                             const int32_t* tables, Py_ssize_t n_scored, Py_ssize_t i, int32_t* counts,
                             int32_t* touched) noexcept nogil:
     """Add to ``counts[w]`` the rows of sample ``i`` (C-ordered ``rows`` of ``n_tables``; the given
-    tables) that worker ``w`` holds fresh. With ``touched``, list there each worker whose count was 0,
-    and return how many."""
+    tables) that worker ``w`` holds fresh; list in ``touched`` each worker whose count was 0, and
+    return how many."""
     cdef Py_ssize_t k, word
     cdef int64_t e
     cdef uint64_t x
@@ -75,7 +75,7 @@ cdef inline int count_fresh(const uint64_t* holders, int words, const int64_t* r
                 x = x & ~(<uint64_t>1)  # bit 0 is the PS
             while x:
                 w = 64 * word + ctz64(x) - 1
-                if touched != NULL and counts[w] == 0:
+                if counts[w] == 0:
                     touched[n_touched] = w
                     n_touched += 1
                 counts[w] += 1
@@ -83,42 +83,50 @@ cdef inline int count_fresh(const uint64_t* holders, int words, const int64_t* r
     return n_touched
 
 
-cdef inline int32_t margin_of(const int32_t* scores, Py_ssize_t n_workers) noexcept nogil:
-    """Second-best of ``n_workers`` (>= 2) scores less the best: branch-free, the compiler vectorizes it."""
-    cdef int32_t best = max(scores[0], scores[1]), second = min(scores[0], scores[1]), x
-    cdef Py_ssize_t w
-    for w in range(2, n_workers):
-        x = scores[w]
-        second = max(second, min(best, x))
-        best = max(best, x)
+cdef inline int32_t margin_of(const int32_t* counts, const int32_t* touched, int n_touched) noexcept nogil:
+    """Second-best score less the best of 2 or more workers, of which only the ``touched`` score (the
+    rest 0, which the initial best and second stand for)."""
+    cdef int32_t best = 0, second = 0, x
+    cdef int t
+    for t in range(n_touched):
+        x = counts[touched[t]]
+        if x > best:
+            best, second = x, best
+        elif x > second:
+            second = x
     return second - best
 
 
 def fresh_margins(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
                   const int32_t[::1] tables, int threads=1):
     """Per sample, its second-best fresh-row count over the workers less its best (<= 0; 0 when the best
-    is shared), as int32: the confident order's key. Each sample's counts go to a buffer of the thread's
-    (one cache line per 16 workers) and are reduced at once, never to a [samples, workers] matrix
-    (8 MB at 128 workers x 16,384 samples, written and read back from memory).
+    is shared), as int32: the confident order's key. Each sample's counts go to a buffer of the thread's,
+    and only the workers they touched are read back and cleared (see :func:`allocate_range`).
     """
     cdef Py_ssize_t n_samples = rows.shape[0], n_tables = rows.shape[1], i
     check_scoring(words, n_workers, n_tables, tables)
     out_array = np.zeros(n_samples, dtype=np.int32)
     cdef int32_t[::1] out = out_array
     cdef int32_t* counts
+    cdef int32_t* touched
+    cdef int t, n_touched
     if n_workers < 2 or n_samples == 0 or tables.shape[0] == 0:
         return out_array
     with nogil, parallel(num_threads=threads):
         counts = <int32_t*>calloc(n_workers, sizeof(int32_t))
-        if counts == NULL:
+        touched = <int32_t*>malloc(n_workers * sizeof(int32_t))
+        if counts == NULL or touched == NULL:
             abort()
         for i in prange(n_samples, schedule="static"):
             if i + 1 < n_samples:
                 prefetch_holders(&holders[0], words, &rows[0, 0], n_tables, &tables[0], tables.shape[0], i + 1)
-            count_fresh(&holders[0], words, &rows[0, 0], n_tables, &tables[0], tables.shape[0], i, counts, NULL)
-            out[i] = margin_of(counts, n_workers)
-            memset(counts, 0, n_workers * sizeof(int32_t))
+            n_touched = count_fresh(&holders[0], words, &rows[0, 0], n_tables, &tables[0], tables.shape[0], i,
+                                    counts, touched)
+            out[i] = margin_of(counts, touched, n_touched)
+            for t in range(n_touched):
+                counts[touched[t]] = 0
         free(counts)
+        free(touched)
     return out_array
 
 
@@ -608,6 +616,14 @@ cdef class BatchCosts:
             total += self.row_cost(u)
         return total
 
+    cdef inline void prefetch_ids(self, int64_t i) noexcept nogil:
+        """Start reading sample ``i``'s row indices: :meth:`costs` of the sample before it prefetches the
+        records they name, and in the confident order the samples come at random."""
+        cdef int64_t k, base = i * self.n_tables
+        for k in range(0, self.n_tables, 16):
+            prefetch(&self.ids[base + k])
+        prefetch(&self.ids[base + self.n_tables - 1])
+
     cdef int64_t costs(self, int64_t i, int64_t next_i, uint64_t* saving) noexcept nogil:
         """What placing sample ``i`` adds on worker ``w``: ``total`` (returned) less ``D[w]``, the reads
         ``w`` saves because it holds or already trains some of ``i``'s rows.
@@ -800,6 +816,8 @@ cdef void greedy(BatchCosts board, int32_t[::1] out, const int64_t[::1] capacity
     with nogil:
         for j in range(n_samples):
             i = taken[j] if taken != NULL else j
+            if j + 2 < n_samples:
+                board.prefetch_ids(taken[j + 2] if taken != NULL else j + 2)
             total = board.costs(i, -1 if j + 1 == n_samples else (taken[j + 1] if taken != NULL else j + 1), saving)
             saved = cheapest(saving, board.n_slices, words, &room[0], &best[0])
             w = least_loaded(&best[0], words, &load[0], seed, iteration, i)
