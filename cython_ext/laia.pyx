@@ -57,39 +57,48 @@ cdef inline void prefetch_holders(const uint64_t* holders, int words, const int6
         prefetch(&holders[rows[i * n_tables + tables[k]] * words])
 
 
+cdef inline int add_fresh(const uint64_t* bits, int words, int32_t* counts, int32_t* touched,
+                          int n_touched) noexcept nogil:
+    """Add 1 to ``counts[w]`` of each worker ``w`` in one row's holder ``bits`` (not the PS); list in
+    ``touched`` each worker whose count was 0. Returns the count of ``touched``."""
+    cdef Py_ssize_t word
+    cdef uint64_t x
+    cdef int w
+    for word in range(words):
+        x = bits[word]
+        if word == 0:
+            x = x & ~(<uint64_t>1)  # bit 0 is the PS
+        while x:
+            w = 64 * word + ctz64(x) - 1
+            if counts[w] == 0:
+                touched[n_touched] = w
+                n_touched += 1
+            counts[w] += 1
+            x = x & (x - 1)
+    return n_touched
+
+
 cdef inline int count_fresh(const uint64_t* holders, int words, const int64_t* rows, Py_ssize_t n_tables,
                             const int32_t* tables, Py_ssize_t n_scored, Py_ssize_t i, int32_t* counts,
                             int32_t* touched) noexcept nogil:
     """Add to ``counts[w]`` the rows of sample ``i`` (C-ordered ``rows`` of ``n_tables``; the given
     tables) that worker ``w`` holds fresh; list in ``touched`` each worker whose count was 0, and
     return how many."""
-    cdef Py_ssize_t k, word
-    cdef int64_t e
-    cdef uint64_t x
-    cdef int w, n_touched = 0
+    cdef Py_ssize_t k
+    cdef int n_touched = 0
     for k in range(n_scored):
-        e = rows[i * n_tables + tables[k]]
-        for word in range(words):
-            x = holders[e * words + word]
-            if word == 0:
-                x = x & ~(<uint64_t>1)  # bit 0 is the PS
-            while x:
-                w = 64 * word + ctz64(x) - 1
-                if counts[w] == 0:
-                    touched[n_touched] = w
-                    n_touched += 1
-                counts[w] += 1
-                x = x & (x - 1)
+        n_touched = add_fresh(&holders[rows[i * n_tables + tables[k]] * words], words, counts, touched, n_touched)
     return n_touched
 
 
-cdef inline int32_t margin_of(const int32_t* counts, const int32_t* touched, int n_touched) noexcept nogil:
+cdef inline int32_t take_margin(int32_t* counts, const int32_t* touched, int n_touched) noexcept nogil:
     """Second-best score less the best of 2 or more workers, of which only the ``touched`` score (the
-    rest 0, which the initial best and second stand for)."""
+    rest 0, which the initial best and second stand for); clears their counts for the next sample."""
     cdef int32_t best = 0, second = 0, x
     cdef int t
     for t in range(n_touched):
         x = counts[touched[t]]
+        counts[touched[t]] = 0
         if x > best:
             best, second = x, best
         elif x > second:
@@ -109,7 +118,7 @@ def fresh_margins(*, const uint64_t[::1] holders, int words, int n_workers, cons
     cdef int32_t[::1] out = out_array
     cdef int32_t* counts
     cdef int32_t* touched
-    cdef int t, n_touched
+    cdef int n_touched
     if n_workers < 2 or n_samples == 0 or tables.shape[0] == 0:
         return out_array
     with nogil, parallel(num_threads=threads):
@@ -122,9 +131,7 @@ def fresh_margins(*, const uint64_t[::1] holders, int words, int n_workers, cons
                 prefetch_holders(&holders[0], words, &rows[0, 0], n_tables, &tables[0], tables.shape[0], i + 1)
             n_touched = count_fresh(&holders[0], words, &rows[0, 0], n_tables, &tables[0], tables.shape[0], i,
                                     counts, touched)
-            out[i] = margin_of(counts, touched, n_touched)
-            for t in range(n_touched):
-                counts[touched[t]] = 0
+            out[i] = take_margin(counts, touched, n_touched)
         free(counts)
         free(touched)
     return out_array
@@ -377,6 +384,7 @@ cdef class BatchCosts:
     (:meth:`can_move`, the swap pass); greedy placement alone needs only the bits.
     """
     cdef int n_workers, words, n_tables
+    cdef int64_t n_samples
     cdef int64_t full_set, common, n_distinct, mask, pair_mask, pair_used, stamp, stride
     cdef int64_t limit                       # distinct rows a table takes (half its entries)
     cdef int parts                           # threads' shares of the samples, each with a table of its own
@@ -401,6 +409,7 @@ cdef class BatchCosts:
         cdef Py_ssize_t n_samples = rows.shape[0], i
         cdef int p
         self.n_workers, self.words, self.n_tables, self.full_set = n_workers, words, tables.shape[0], full_set
+        self.n_samples = n_samples
         self.common = COMMON * n_workers
         cdef int64_t entries = max(1, n_samples * self.n_tables), size = 16, pair_size = 16, most
         while size < 2 * entries:
@@ -616,6 +625,32 @@ cdef class BatchCosts:
             total += self.row_cost(u)
         return total
 
+    def margins(self, int threads=1):
+        """:func:`fresh_margins` of the batch, read from the records (the batch's distinct rows, a few
+        hundred KB) rather than the holders (every row of the tables)."""
+        cdef int64_t i
+        out_array = np.zeros(self.n_samples, dtype=np.int32)
+        cdef int32_t[::1] out = out_array
+        cdef int32_t* counts
+        cdef int32_t* touched
+        cdef int k, n_touched
+        if self.n_workers < 2 or self.n_tables == 0:
+            return out_array
+        with nogil, parallel(num_threads=threads):
+            counts = <int32_t*>calloc(self.n_workers, sizeof(int32_t))
+            touched = <int32_t*>malloc(self.n_workers * sizeof(int32_t))
+            if counts == NULL or touched == NULL:
+                abort()
+            for i in prange(self.n_samples, schedule="static"):
+                n_touched = 0
+                for k in range(self.n_tables):
+                    n_touched = add_fresh(self.fresh(self.ids[i * self.n_tables + k]), self.words, counts,
+                                          touched, n_touched)
+                out[i] = take_margin(counts, touched, n_touched)
+            free(counts)
+            free(touched)
+        return out_array
+
     cdef inline void prefetch_ids(self, int64_t i) noexcept nogil:
         """Start reading sample ``i``'s row indices: :meth:`costs` of the sample before it prefetches the
         records they name, and in the confident order the samples come at random."""
@@ -756,7 +791,8 @@ cdef class BatchCosts:
 
 def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
                   const int32_t[::1] tables, const int64_t[::1] capacity, uint64_t seed, uint64_t iteration,
-                  order=None, bint full_set=False, int swap_rounds=0, int threads=1, CostScratch scratch=None):
+                  order=None, bint confident=False, bint full_set=False, int swap_rounds=0, int threads=1,
+                  CostScratch scratch=None):
     """Each sample to the worker where it adds the fewest transmissions, given the samples placed before it.
 
     The cost of placing a sample on worker ``w`` sums over its rows (in
@@ -775,7 +811,10 @@ def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, cons
     Among the cheapest workers the one with the least cost placed on it so
     far wins (the busiest worker sets an iteration's pace); remaining ties
     are broken as in Algorithm 1, by a hash of (seed, iteration, sample).
-    Then up to ``swap_rounds`` rounds of :func:`swap_pass`. ``threads``
+    Samples are taken in ``order`` (a permutation), or with ``confident``
+    by their :func:`fresh_margins`, largest first (stable, as
+    ``hybrid.scheduling.allocation.margin_order``), read from the batch's
+    row records; else as they come. Then up to ``swap_rounds`` rounds of :func:`swap_pass`. ``threads``
     find the batch's distinct rows; samples are placed one after another,
     so the result does not depend on them. ``scratch`` (a :class:`CostScratch`): memory to reuse from
     the last call. Returns int32 worker per sample.
@@ -787,11 +826,15 @@ def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, cons
     for k in range(n_tables):
         if tables[k] < 0 or tables[k] >= rows.shape[1]:
             raise ValueError(f"tables[{k}] = {tables[k]} is not a table in [0, {rows.shape[1]})")
+    if confident and order is not None:
+        raise ValueError("give an order or confident=True, not both")
     cdef int64_t[::1] steps = checked_order(capacity, n_samples, n_workers, order)
-    cdef const int64_t* taken = &steps[0] if steps.shape[0] else NULL
     cdef BatchCosts board = BatchCosts(holders, words, n_workers, rows, tables, full_set,
                                        pair_room=SWAP_ROOM if swap_rounds else 2, threads=threads,
                                        scratch=scratch)
+    if confident:
+        steps = np.argsort(board.margins(threads), kind="stable").astype(np.int64)
+    cdef const int64_t* taken = &steps[0] if steps.shape[0] else NULL
     alloc = np.empty(n_samples, dtype=np.int32)
     greedy(board, alloc, capacity, seed, iteration, taken)
     for k in range(swap_rounds):

@@ -114,21 +114,21 @@ class LaiaAllocation(AllocationPolicy):
         self._scratch = (laia.CostScratch(), laia.CostScratch()) if cost else None  # cost scoring's memory
 
     def allocate(self, rows: np.ndarray, iteration: int, upcoming: np.ndarray | None = None) -> np.ndarray:
-        """Scoring is the orders' margins (read from the holders); Algorithm 1 counts each sample's fresh
-        rows as it places it, and cost scoring reads the holders itself: no [samples, workers] scores."""
+        """Scoring is the confident order's margins; Algorithm 1 counts each sample's fresh rows as it
+        places it, and cost scoring reads the holders (and its margins) itself: no [samples, workers] scores."""
         n = len(rows)
         start = time.perf_counter()
         tables = np.arange(rows.shape[1], dtype=np.int32) if self.tables is None else self.tables
         scoring = dict(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
                        rows=rows, tables=tables)
-        gaps = laia.fresh_margins(threads=self.threads, **scoring) if self.confident or self.looks_ahead else None
+        gaps = laia.fresh_margins(threads=self.threads, **scoring) if self.confident and not self.cost else None
         scored = time.perf_counter()
         if n not in self._layouts:
             capacity = capacities(n, self.n_workers)
             self._layouts[n] = (capacity,) + (chunk_layout(n, capacity, self.chunks) if self.chunks else (None, None))
         capacity, starts, chunk_capacity = self._layouts[n]
         if self.cost:
-            alloc = self._cost_allocation(rows, tables, capacity, iteration, upcoming, gaps)
+            alloc = self._cost_allocation(rows, tables, capacity, iteration, upcoming)
         elif self.chunks is None:
             alloc = laia.allocate_exact(capacity=capacity, seed=self.seed, iteration=iteration,
                                         order=margin_order(gaps) if self.confident else None, **scoring)
@@ -138,19 +138,18 @@ class LaiaAllocation(AllocationPolicy):
         self.timing = {"scoring": scored - start, "allocation": time.perf_counter() - scored}
         return alloc
 
-    def _cost_allocation(self, rows, tables, capacity, iteration: int, upcoming, gaps) -> np.ndarray:
-        """Cost scoring's allocation; looking ahead, the better of both orders over this batch and the next.
-        ``gaps``: each sample's margin (``laia.fresh_margins``), where an order needs them."""
+    def _cost_allocation(self, rows, tables, capacity, iteration: int, upcoming) -> np.ndarray:
+        """Cost scoring's allocation; looking ahead, the better of both orders over this batch and the next."""
         common = dict(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
                       rows=rows, tables=tables, seed=self.seed, full_set=self.full_set)
-        margins = None if gaps is None else margin_order(gaps)
-        orders = (margins, None) if self.confident else (None, margins)
         alloc = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
-                                   order=orders[0], threads=self.threads, scratch=self._scratch[0], **common)
+                                   confident=self.confident, threads=self.threads, scratch=self._scratch[0],
+                                   **common)
         if not self.looks_ahead or upcoming is None:
             return alloc
         other = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
-                                   order=orders[1], threads=self.threads, scratch=self._scratch[0], **common)
+                                   confident=not self.confident, threads=self.threads, scratch=self._scratch[0],
+                                   **common)
         if np.array_equal(alloc, other):
             return alloc
         following = capacities(len(upcoming), self.n_workers)

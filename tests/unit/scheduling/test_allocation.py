@@ -399,6 +399,27 @@ def test_cost_scoring_places_each_sample_where_it_adds_the_fewest_reads(case, co
     assert np.array_equal(np.bincount(alloc, minlength=n_workers), capacities(len(rows), n_workers))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([2, 5, 70, 130]), st.integers(1, 60), st.integers(1, 4), st.sampled_from([0.02, 0.3]),
+       st.integers(0, 2**32 - 1), st.sampled_from([1, 3]))
+def test_cost_scoring_s_confident_order_reads_the_margins_of_the_holders(n_workers, n, n_tables, density, seed,
+                                                                          threads):
+    """``confident=True`` counts the margins from the batch's row records: the order of ``fresh_margins``."""
+    rng = np.random.default_rng(seed)
+    words = (n_workers + 1 + 63) // 64
+    bits = rng.random((30, 64 * words)) < density
+    bits[:, n_workers + 1:] = False
+    common = dict(holders=np.packbits(bits, axis=1, bitorder="little").view(np.uint64).reshape(-1), words=words,
+                  n_workers=n_workers, rows=rng.integers(0, 30, size=(n, n_tables)).astype(np.int64),
+                  tables=np.flatnonzero(rng.random(n_tables) < 0.7).astype(np.int32))
+    placing = dict(capacity=capacities(n, n_workers), seed=seed, iteration=2, threads=threads)
+    order = margin_order(laia.fresh_margins(**common))
+    assert np.array_equal(laia.allocate_cost(confident=True, **placing, **common),
+                          laia.allocate_cost(order=order, **placing, **common))
+    with pytest.raises(ValueError, match="not both"):
+        laia.allocate_cost(confident=True, order=order, **placing, **common)
+
+
 def _batch_reads(holders, rows, alloc, full_set):
     """The cost model's reads of a whole allocation: per row (in under 2n samples) its pulls, the owner's plan
     push if anyone pulls, and with ``full_set`` one push per trainer."""
