@@ -233,6 +233,7 @@ cdef class ClusterState:
     cdef int32_t[::1] pair_source            # P2P: worker sending the pair's row (EMPTY: none)
     cdef int32_t[::1] pair_source_slot
     cdef int32_t[::1] need_trainers          # workers needing each row
+    cdef int32_t[::1] need_pusher            # plan(): the worker whose pair pushes each row (EMPTY: none)
     cdef readonly int accumulate_rounds      # most trainers of one shared row in the last train() (0: none)
     cdef int64_t[::1] tmp_row                # set_needs scratch: each worker's pairs at its samples' offset
     cdef int32_t[::1] tmp_need               # (and plan(): the owner pushing each pair's row, or EMPTY)
@@ -356,6 +357,7 @@ cdef class ClusterState:
         self.pair_source = np.full(max_pairs, EMPTY, dtype=np.int32)
         self.pair_source_slot = np.full(max_pairs, EMPTY, dtype=np.int32)
         self.need_trainers = np.zeros(needs, dtype=np.int32)
+        self.need_pusher = np.full(needs, EMPTY, dtype=np.int32)
         self.accumulate_rounds = 0
         self.tmp_row = np.zeros(max_pairs, dtype=np.int64)
         self.tmp_need = np.zeros(max_pairs, dtype=np.int32)
@@ -1364,7 +1366,7 @@ cdef class ClusterState:
         Without a next batch (the last iteration) nothing is planned. In
         full-set mode no row is ever dirty, so the plan is always empty.
         """
-        cdef int64_t c, chunks, total = 0
+        cdef int64_t c, k, chunks, total = 0
         self.start_events()
         if rows_next is None:
             self.needs_ready = False
@@ -1374,6 +1376,8 @@ cdef class ClusterState:
         self.set_needs(rows_next, alloc_next)
         chunks = min(self.chunk_fill.shape[0] - 1, max(1, self.n_pairs // 256))  # so threads share small batches too
         with nogil:
+            for k in prange(self.n_need, num_threads=self.threads, schedule="static"):
+                self.need_pusher[k] = self.pusher(k)
             for c in prange(chunks, num_threads=self.threads, schedule="static"):
                 self.chunk_fill[c] = self.find_pushes(c * self.n_pairs // chunks, (c + 1) * self.n_pairs // chunks)
             for c in range(chunks):
@@ -1387,30 +1391,31 @@ cdef class ClusterState:
             self.digest_events()
         return self.counts()
 
-    cdef int64_t find_pushes(self, int64_t first, int64_t last) noexcept nogil:
-        """Which of pairs ``[first, last)`` make a plan push: ``tmp_need[p]`` the pushing owner, or EMPTY.
+    cdef int32_t pusher(self, int64_t need) noexcept nogil:
+        """The worker whose pair pushes row ``need`` in the plan, or EMPTY.
 
         A row dirty on ``owner`` and needed by another worker is pushed
-        once, by the first such pair in pair order (then the PS holds it);
-        in P2P mode a row one worker needs is sent peer to peer instead.
-        Reads the holders only, so chunks of pairs run in parallel.
+        once, by the pair of the lowest such worker, the first in pair order
+        (then the PS holds it); in P2P mode a row one worker needs is sent
+        peer to peer instead. Decided per row, not per pair: a batch's rows
+        are needed by 12 pairs each on average (128 workers, Criteo-like),
+        and each decision reads the row's holders.
         """
-        cdef int64_t p, e, need, count = 0
-        cdef int owner, w
+        cdef int64_t e = self.need_rows[need]
+        cdef int owner
+        if e < 0 or (self.p2p and self.need_trainers[need] == 1):
+            return EMPTY
+        owner = self.dirty_owner(e)
+        return EMPTY if owner < 0 else self.first_trainer_but(need, owner)
+
+    cdef int64_t find_pushes(self, int64_t first, int64_t last) noexcept nogil:
+        """Which of pairs ``[first, last)`` make a plan push (:meth:`pusher`): ``tmp_need[p]`` the pushing
+        owner, or EMPTY. Reads the holders only, so chunks of pairs run in parallel."""
+        cdef int64_t p, count = 0
         for p in range(first, last):
-            if p + FAR_AHEAD < last:
-                prefetch(&self.holders[self.pair_row[p + FAR_AHEAD] * self.words])
-                prefetch(&self.need_masks[self.pair_need[p + FAR_AHEAD] * self.words])
-                prefetch(&self.need_trainers[self.pair_need[p + FAR_AHEAD]])
             self.tmp_need[p] = EMPTY
-            e = self.pair_row[p]
-            need = self.pair_need[p]
-            w = self.pair_worker[p]
-            if self.p2p and self.need_trainers[need] == 1:
-                continue  # only this worker needs it: sent peer to peer when t + 1 starts
-            owner = self.dirty_owner(e)
-            if owner >= 0 and owner != w and w == self.first_trainer_but(need, owner):
-                self.tmp_need[p] = owner
+            if self.need_pusher[self.pair_need[p]] == self.pair_worker[p]:
+                self.tmp_need[p] = self.dirty_owner(self.pair_row[p])
                 count += 1
         return count
 
