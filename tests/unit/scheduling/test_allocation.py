@@ -120,6 +120,19 @@ def test_laia_sends_a_sample_where_its_rows_are_fresh():
     assert alloc.tolist() == [1, 0]
 
 
+def _holder_words(bits):
+    """Holder bits [rows, 64 * words] (bit 0 the PS, bit w + 1 worker w) as the state's uint64 words."""
+    return np.packbits(bits, axis=1, bitorder="little").view(np.uint64).reshape(-1)
+
+
+def _random_holder_bits(rng, n_rows, n_workers, density):
+    """Each row's holders drawn at ``density``, in as many 64-bit words as PS + ``n_workers`` take."""
+    words = (n_workers + 1 + 63) // 64
+    bits = rng.random((n_rows, 64 * words)) < density
+    bits[:, n_workers + 1:] = False
+    return bits, words
+
+
 def _holders_scoring(scores):
     """Holder words, word count and rows whose fresh counts are ``scores`` [samples, workers]: each
     count is that many rows fresh on that worker alone; row 0 (the PS's alone) pads the samples."""
@@ -138,8 +151,7 @@ def _holders_scoring(scores):
     for row, w in enumerate(owners[1:], start=1):
         bits[row] = False
         bits[row, w + 1] = True
-    holders = np.packbits(bits, axis=1, bitorder="little").view(np.uint64).reshape(-1)
-    return dict(holders=holders, words=words, n_workers=n_workers, rows=rows,
+    return dict(holders=_holder_words(bits), words=words, n_workers=n_workers, rows=rows,
                 tables=np.arange(n_tables, dtype=np.int32))
 
 
@@ -150,10 +162,8 @@ def test_algorithm_1_from_the_holders_equals_it_on_the_dense_scores(n_workers, n
     """The kernels count only the workers a sample's rows are fresh on; the reference scores every worker.
     Full workers (capacity 0 among them), ties, all-zero samples and several holder words included."""
     rng = np.random.default_rng(seed)
-    words = (n_workers + 1 + 63) // 64
-    bits = rng.random((40, 64 * words)) < density
-    bits[:, n_workers + 1:] = False
-    holders = np.packbits(bits, axis=1, bitorder="little").view(np.uint64).reshape(-1)
+    bits, words = _random_holder_bits(rng, 40, n_workers, density)
+    holders = _holder_words(bits)
     rows = rng.integers(0, 40, size=(n, n_tables)).astype(np.int64)
     tables = np.flatnonzero(rng.random(n_tables) < 0.7).astype(np.int32)  # adaptive LAIA scores a subset
     scores = bits[rows[:, tables]][:, :, 1:n_workers + 1].sum(axis=1)
@@ -311,10 +321,8 @@ def test_margins_read_from_the_holders_equal_the_margins_of_the_scores(n_workers
     """The orders read ``fresh_margins`` without a scores matrix; 70 workers: two holder words."""
     rng = np.random.default_rng(seed)
     n_rows = 50
-    words = (n_workers + 1 + 63) // 64
-    bits = rng.random((n_rows, 64 * words)) < 0.3
-    bits[:, n_workers + 1:] = False
-    holders = np.packbits(bits, axis=1, bitorder="little").view(np.uint64).reshape(-1)
+    bits, words = _random_holder_bits(rng, n_rows, n_workers, 0.3)
+    holders = _holder_words(bits)
     rows = rng.integers(0, n_rows, size=(n, n_tables)).astype(np.int64)
     tables = np.arange(n_tables, dtype=np.int32)[::2].copy()  # a subset of the tables, as adaptive LAIA scores
     common = dict(holders=holders, words=words, n_workers=n_workers, rows=rows, tables=tables)
@@ -406,10 +414,8 @@ def test_cost_scoring_s_confident_order_reads_the_margins_of_the_holders(n_worke
                                                                           threads):
     """``confident=True`` counts the margins from the batch's row records: the order of ``fresh_margins``."""
     rng = np.random.default_rng(seed)
-    words = (n_workers + 1 + 63) // 64
-    bits = rng.random((30, 64 * words)) < density
-    bits[:, n_workers + 1:] = False
-    common = dict(holders=np.packbits(bits, axis=1, bitorder="little").view(np.uint64).reshape(-1), words=words,
+    bits, words = _random_holder_bits(rng, 30, n_workers, density)
+    common = dict(holders=_holder_words(bits), words=words,
                   n_workers=n_workers, rows=rng.integers(0, 30, size=(n, n_tables)).astype(np.int64),
                   tables=np.flatnonzero(rng.random(n_tables) < 0.7).astype(np.int32))
     placing = dict(capacity=capacities(n, n_workers), seed=seed, iteration=2, threads=threads)
