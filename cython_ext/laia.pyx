@@ -333,7 +333,7 @@ cdef class CostScratch:
     cdef int64_t[::1] keys                   # table t (0: the batch's, 1 + p: part p's), entry h at
                                              # [2 (t size + h)]: row << 32 | index (-1: free), then its uses
     cdef int64_t last_distinct               # distinct rows of the last batch: sizes the next tables
-    cdef int32_t[::1] ids, seen, live, local
+    cdef int32_t[::1] ids, seen, live, local, sole
     cdef object record_memory
     cdef uint64_t* records                   # 64-byte aligned
 
@@ -342,6 +342,7 @@ cdef class CostScratch:
         self.last_distinct = 0
         self.ids = np.zeros(1, dtype=np.int32)
         self.seen = np.zeros(1, dtype=np.int32)
+        self.sole = np.zeros(1, dtype=np.int32)
         self.live = np.zeros(1, dtype=np.int32)
         self.local = np.zeros(1, dtype=np.int32)
         self.record_memory = None
@@ -363,6 +364,7 @@ cdef class CostScratch:
             self.local = np.empty(parts * rows, dtype=np.int32)
         if self.seen.shape[0] < rows:
             self.seen = np.empty(rows, dtype=np.int32)
+            self.sole = np.empty(rows, dtype=np.int32)
         if self.record_memory is None or len(self.record_memory) < rows * stride + 8:
             self.record_memory = np.empty(rows * stride + 8, dtype=np.uint64)  # filled at first sight
             memory = self.record_memory
@@ -394,6 +396,7 @@ cdef class BatchCosts:
     cdef int64_t[::1] keys, pair_keys, extra
     cdef uint64_t[::1] saving                # costs(): n_slices x words
     cdef int32_t[::1] ids, seen, pair_count, visited
+    cdef int32_t[::1] sole                   # per distinct row: its one fresh worker, -1 none, -2 several
     cdef int32_t[::1] live                   # per sample: its rows not common come first in ids, this many
     cdef int32_t[::1] local                  # part p's index u -> the batch's index, at [p * limit + u]
     cdef CostScratch scratch
@@ -468,8 +471,9 @@ cdef class BatchCosts:
         self.limit = size // 2
         self.mask = size - 1
         self.scratch.reserve(n_samples, entries, self.parts, size, self.stride)
-        self.keys, self.ids, self.seen, self.records, self.local = \
-            self.scratch.keys, self.scratch.ids, self.scratch.seen, self.scratch.records, self.scratch.local
+        self.keys, self.ids, self.seen, self.records, self.local, self.sole = \
+            self.scratch.keys, self.scratch.ids, self.scratch.seen, self.scratch.records, self.scratch.local, \
+            self.scratch.sole
         with nogil:
             for p in prange(self.parts, num_threads=threads, schedule="static", chunksize=1):
                 self.part_rows[8 * p] = self.count_part(rows, tables, p, self.first_sample(p, n_samples),
@@ -542,8 +546,9 @@ cdef class BatchCosts:
 
     cdef void new_record(self, const uint64_t* holders, int64_t row, int64_t u) noexcept nogil:
         """Row ``row``'s record ``u``: its holders (as the previous batch leaves them, if any), its dirty
-        owner, no trainers yet (the record's memory is not cleared beforehand)."""
-        cdef int64_t word, count = 0, bit = -1
+        owner, no trainers yet (the record's memory is not cleared beforehand); and its ``sole`` fresh
+        worker, which :meth:`margins` reads instead of the record."""
+        cdef int64_t word, count = 0, bit = -1, workers = 0, worker = -1
         cdef uint64_t x
         for word in range(self.words):
             x = holders[row * self.words + word]
@@ -554,9 +559,14 @@ cdef class BatchCosts:
             if x:
                 count += popcount64(x)
                 bit = 64 * word + ctz64(x)
+                x &= ~(<uint64_t>1) if word == 0 else ~(<uint64_t>0)  # workers only, not the PS
+                if x:
+                    workers += popcount64(x)
+                    worker = 64 * word + ctz64(x) - 1
         for word in range(HEAD):
             self.record(u)[word] = 0
         self.fields(u)[OWNER] = <int32_t>(bit - 1) if count == 1 and bit > 0 else -1
+        self.sole[u] = <int32_t>(-1 if workers == 0 else (worker if workers == 1 else -2))
 
     cdef int32_t index_sample(self, int64_t i, int p) noexcept nogil:
         """Sample ``i`` (of part ``p``): its entries as the batch's row indices in ``ids``, the rows that
@@ -626,14 +636,16 @@ cdef class BatchCosts:
         return total
 
     def margins(self, int threads=1):
-        """:func:`fresh_margins` of the batch, read from the records (the batch's distinct rows, a few
-        hundred KB) rather than the holders (every row of the tables)."""
+        """:func:`fresh_margins` of the batch, read from ``sole`` (4 bytes per distinct row) rather than
+        the holders (every row of the tables): at 128 workers a row is fresh on one worker or none, and
+        only a row fresh on several reads its record."""
         cdef int64_t i
         out_array = np.zeros(self.n_samples, dtype=np.int32)
         cdef int32_t[::1] out = out_array
         cdef int32_t* counts
         cdef int32_t* touched
-        cdef int k, n_touched
+        cdef int k, n_touched, w
+        cdef int32_t u
         if self.n_workers < 2 or self.n_tables == 0:
             return out_array
         with nogil, parallel(num_threads=threads):
@@ -644,8 +656,15 @@ cdef class BatchCosts:
             for i in prange(self.n_samples, schedule="static"):
                 n_touched = 0
                 for k in range(self.n_tables):
-                    n_touched = add_fresh(self.fresh(self.ids[i * self.n_tables + k]), self.words, counts,
-                                          touched, n_touched)
+                    u = self.ids[i * self.n_tables + k]
+                    w = self.sole[u]
+                    if w >= 0:
+                        if counts[w] == 0:
+                            touched[n_touched] = w
+                            n_touched = n_touched + 1
+                        counts[w] += 1
+                    elif w == -2:
+                        n_touched = add_fresh(self.fresh(u), self.words, counts, touched, n_touched)
                 out[i] = take_margin(counts, touched, n_touched)
             free(counts)
             free(touched)
