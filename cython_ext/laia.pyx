@@ -57,23 +57,27 @@ cdef inline void prefetch_holders(const uint64_t* holders, int words, const int6
         prefetch(&holders[rows[i * n_tables + tables[k]] * words])
 
 
+cdef inline int add_worker(int w, int32_t* counts, int32_t* touched, int n_touched) noexcept nogil:
+    """Add 1 to ``counts[w]``; list ``w`` in ``touched`` if its count was 0. Returns the count of ``touched``."""
+    if counts[w] == 0:
+        touched[n_touched] = w
+        n_touched += 1
+    counts[w] += 1
+    return n_touched
+
+
 cdef inline int add_fresh(const uint64_t* bits, int words, int32_t* counts, int32_t* touched,
                           int n_touched) noexcept nogil:
     """Add 1 to ``counts[w]`` of each worker ``w`` in one row's holder ``bits`` (not the PS); list in
     ``touched`` each worker whose count was 0. Returns the count of ``touched``."""
     cdef Py_ssize_t word
     cdef uint64_t x
-    cdef int w
     for word in range(words):
         x = bits[word]
         if word == 0:
             x = x & ~(<uint64_t>1)  # bit 0 is the PS
         while x:
-            w = 64 * word + ctz64(x) - 1
-            if counts[w] == 0:
-                touched[n_touched] = w
-                n_touched += 1
-            counts[w] += 1
+            n_touched = add_worker(64 * word + ctz64(x) - 1, counts, touched, n_touched)
             x = x & (x - 1)
     return n_touched
 
@@ -548,24 +552,24 @@ cdef class BatchCosts:
         """Row ``row``'s record ``u``: its holders (as the previous batch leaves them, if any), its dirty
         owner, no trainers yet (the record's memory is not cleared beforehand); and its ``sole`` fresh
         worker, which :meth:`margins` reads instead of the record."""
-        cdef int64_t word, count = 0, bit = -1, workers = 0, worker = -1
+        cdef int64_t word, workers = 0, worker = -1
         cdef uint64_t x
+        cdef bint on_ps = False
         for word in range(self.words):
             x = holders[row * self.words + word]
             if self.previous is not None:
                 x = self.previous.holders_after(row, word, x)
             self.fresh(u)[word] = x
             self.trains(u)[word] = 0
+            if word == 0:
+                on_ps = x & 1
+                x &= ~(<uint64_t>1)  # workers only
             if x:
-                count += popcount64(x)
-                bit = 64 * word + ctz64(x)
-                x &= ~(<uint64_t>1) if word == 0 else ~(<uint64_t>0)  # workers only, not the PS
-                if x:
-                    workers += popcount64(x)
-                    worker = 64 * word + ctz64(x) - 1
+                workers += popcount64(x)
+                worker = 64 * word + ctz64(x) - 1
         for word in range(HEAD):
             self.record(u)[word] = 0
-        self.fields(u)[OWNER] = <int32_t>(bit - 1) if count == 1 and bit > 0 else -1
+        self.fields(u)[OWNER] = <int32_t>worker if workers == 1 and not on_ps else -1
         self.sole[u] = <int32_t>(-1 if workers == 0 else (worker if workers == 1 else -2))
 
     cdef int32_t index_sample(self, int64_t i, int p) noexcept nogil:
@@ -659,10 +663,7 @@ cdef class BatchCosts:
                     u = self.ids[i * self.n_tables + k]
                     w = self.sole[u]
                     if w >= 0:
-                        if counts[w] == 0:
-                            touched[n_touched] = w
-                            n_touched = n_touched + 1
-                        counts[w] += 1
+                        n_touched = add_worker(w, counts, touched, n_touched)
                     elif w == -2:
                         n_touched = add_fresh(self.fresh(u), self.words, counts, touched, n_touched)
                 out[i] = take_margin(counts, touched, n_touched)
