@@ -181,13 +181,27 @@ make_venv() {
         say "creating virtualenv $VENV"
         if [ "$TORCH_SOURCE" = system ]; then
             python3 -m venv --system-site-packages "$VENV"
+            see_parent_venv
         else
             python3 -m venv "$VENV"
         fi
     fi
     PY="$VENV/bin/python"
     PIP=(pip_install)
-    # pip < 23.3 runs setuptools' deprecated 'develop' for editable installs.
+}
+
+# --system-site-packages reaches the base interpreter's packages, not those of a venv that python3
+# itself runs from (an image's or a site's PyTorch venv): a .pth file in the new venv adds them.
+see_parent_venv() {
+    local parent purelib
+    parent=$(python3 -c "import site, sys; print('\n'.join(site.getsitepackages()) if sys.prefix != sys.base_prefix else '')")
+    [ -n "$parent" ] || return 0
+    purelib=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    printf '%s\n' "$parent" >"$purelib/hybrid-parent-venv.pth"
+}
+
+# pip < 23.3 runs setuptools' deprecated 'develop' for editable installs.
+upgrade_pip() {
     "$PY" -c "import pip, sys; sys.exit(int(pip.__version__.split('.')[0]) < 24)" 2>/dev/null \
         || "${PIP[@]}" --upgrade "pip>=24"
 }
@@ -224,6 +238,9 @@ install_torch() {
         exit 1
     fi
     TORCH_PIN="torch==$version"
+    # What pip must keep: the version without its local label, which torch.__version__ shows
+    # (+cu130) but a PyPI wheel's metadata may not have (pip then finds "no matching distribution").
+    TORCH_REQ="torch==${version%%+*}"
 }
 
 # MPICH: mpi4py built against it. PyPI's mpi4py wheel loads whichever libmpi.so the system links
@@ -259,10 +276,10 @@ mark_mpi() {
 install_python_deps() {
     # Skip the resolver (slow) when the requirements did not change since the last run.
     local stamp="$VENV/.hybrid-requirements" want
-    want=$(cat "$ROOT/launch/requirements.txt"; echo "$TORCH_PIN")
+    want=$(cat "$ROOT/launch/requirements.txt"; echo "$TORCH_REQ")
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         say "installing Python dependencies"
-        "${PIP[@]}" -r "$ROOT/launch/requirements.txt" "$TORCH_PIN"
+        "${PIP[@]}" -r "$ROOT/launch/requirements.txt" "$TORCH_REQ"
         printf '%s' "$want" >"$stamp"
     fi
 }
@@ -292,7 +309,9 @@ for a in "$@"; do
     case "$a" in -std=c++14|-std=c++11|-std=gnu++14) a=-std=c++17 ;; esac
     args+=("$a")
 done
-exec /usr/bin/g++ "${args[@]}"
+# GCC 13 no longer includes <string>, <cstdint> and <stdexcept> through other headers; Horovod
+# 0.28.1 relies on that.
+exec /usr/bin/g++ -include string -include cstdint -include stdexcept "${args[@]}"
 WRAP
     chmod +x "$wrapdir/g++"
     # Horovod finds MPI through the plain wrapper names: those of the MPI asked for.
@@ -350,7 +369,8 @@ install_horovod() {
     wheel=$(ls "$HOROVOD_DIR"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n 1 || true)
     if [ -z "$wheel" ] || [ ! -f "$stamp" ]; then
         rm -f "$HOROVOD_DIR"/horovod-*.whl
-        "${PIP[@]}" cmake
+        # cffi before the build: Horovod's setup_requires would fetch it from the network.
+        "${PIP[@]}" cmake cloudpickle psutil pyyaml packaging cffi
         build_horovod_wheel
         touch "$stamp"
         wheel=$(ls "$HOROVOD_DIR"/horovod-"$HOROVOD_VERSION"-*.whl | head -n 1)
@@ -405,9 +425,10 @@ install_mpi
 horovod_dir
 make_venv
 install_torch
+upgrade_pip
 install_mpi4py
 install_python_deps
 install_horovod
 install_package
 mark_mpi
-say "ready ($MPI$([ "$GPU" = 1 ] && echo ', GPU build')): activate with 'source $VENV/bin/activate'"
+say "ready ($MPI$([ "$GPU" = 1 ] && echo ", CUDA PyTorch, Horovod with ${GPU_OPS:-no GPU operations}")): activate with 'source $VENV/bin/activate'"

@@ -26,7 +26,7 @@ def _stand_in_nvidia_smi(tmp_path: Path, gpus: int) -> str:
 def _setup(tmp_path: Path, *args: str, gpus: int = 0, offline_namespace: bool = False, **env: str):
     """Run setup.sh with ``env`` over this environment (this venv), optionally without any network."""
     environment = {**os.environ, "HYBRID_VENV": sys.prefix, **env,
-                   "PATH": f"{_stand_in_nvidia_smi(tmp_path, gpus)}:{os.environ['PATH']}"}
+                   "PATH": f"{_stand_in_nvidia_smi(tmp_path, gpus)}:{env.get('PATH', os.environ['PATH'])}"}
     command = ["bash", str(SETUP), *args]
     if offline_namespace:
         command = ["unshare", "--net", *command]
@@ -126,3 +126,19 @@ def test_a_gpu_host_refuses_a_cpu_build_of_pytorch_saying_what_to_do_and_changes
     check = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
                            text=True, timeout=120)
     assert check.stdout.strip() == torch.__version__
+
+
+@pytest.mark.skipif(bool(_no_network_namespace()), reason=_no_network_namespace() or "runs")
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs a python that runs from a venv")
+@pytest.mark.skipif(torch.version.cuda is not None, reason="this PyTorch is a CUDA build")
+def test_system_pytorch_in_a_venv_is_seen_from_the_new_venv(tmp_path):
+    """The device image's case: python3 runs from a venv holding PyTorch; a new venv must import that torch.
+
+    Its torch is this venv's CPU build, so the GPU branch refuses it: the refusal names the version,
+    which only a venv that sees the parent's packages can know (otherwise: "cannot import torch").
+    """
+    new_venv = tmp_path / "site-venv"
+    result = _setup(tmp_path, gpus=1, offline_namespace=True, HYBRID_OFFLINE="1", HYBRID_TORCH="system",
+                    HYBRID_VENV=str(new_venv), PATH=f"{sys.prefix}/bin:{os.environ['PATH']}")
+    assert result.returncode == 1, result.stderr
+    assert f"but torch {torch.__version__} is a CPU build" in result.stderr, result.stderr
