@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from hybrid._ext import laia
+from hybrid._ext.laia import margin_order
 from hybrid.counter_hash import hash3, mix64, stream_id
 
 
@@ -157,17 +158,6 @@ class LaiaAllocation(AllocationPolicy):
                                      iteration_next=iteration + 1, scratch=self._scratch[0],
                                      scratch_next=self._scratch[1], **common) for a in (alloc, other)]
         return alloc if costs[0] <= costs[1] else other
-
-
-def margin_order(gaps: np.ndarray) -> np.ndarray:
-    """Samples by the margin of their best worker over the second best, largest first (ties: batch order).
-
-    ``gaps``: per sample, second-best score less best (``laia.fresh_margins``).
-    A sample whose rows one worker holds far more of than any other gains
-    the most from going there; taken first, it is not pushed elsewhere by a
-    worker that filled up with samples that any worker would have served.
-    """
-    return np.argsort(gaps, kind="stable").astype(np.int64)  # most negative first
 
 
 def chunk_layout(n_samples: int, capacity: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray]:

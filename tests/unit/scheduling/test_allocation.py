@@ -568,3 +568,13 @@ def test_cost_scoring_places_a_batch_larger_than_its_tables_as_the_reference(thr
                                    scratch=scratch)
         expected = _reference_cost_allocation(state.holder_sets(), rows, capacity, 3, 5, None, False)
         assert np.array_equal(alloc, expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-40_000, 40_000), max_size=300), st.integers(1, 40))
+def test_margin_order_is_the_stable_sort_of_the_margins_whatever_their_range(values, spread):
+    """The radix sort of int16 margins and NumPy's int32 stable sort give one order, ties in batch order;
+    margins beyond int16 (no real batch has them) still sort as int32."""
+    for gaps in (np.array(values, dtype=np.int32), np.array(values, dtype=np.int32) % spread - spread):
+        assert np.array_equal(margin_order(gaps), np.argsort(gaps, kind="stable"))
+        assert margin_order(gaps).dtype == np.int64
