@@ -299,6 +299,8 @@ nccl_from_wheel() {
 
 # Horovod 0.28.1 hard-codes -std=c++14, but PyTorch >= 2.1 headers need C++17.
 # A compiler wrapper rewrites the flag; everything else goes to the real g++.
+# CMAKE_POLICY_VERSION_MINIMUM: its gloo and flatbuffers ask for CMake 2.8, which CMake >= 4 (pip's
+# cmake, first on PATH in an activated venv) refuses.
 build_horovod_wheel() {
     local wrapdir
     wrapdir=$(mktemp -d)
@@ -334,7 +336,7 @@ WRAP
     if ! PATH="$wrapdir:$PATH" CXX="$wrapdir/g++" CC=/usr/bin/gcc \
         HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-        HOROVOD_GPU_OPERATIONS="$GPU_OPS" MAKEFLAGS="-j$(nproc)" \
+        HOROVOD_GPU_OPERATIONS="$GPU_OPS" MAKEFLAGS="-j$(nproc)" CMAKE_POLICY_VERSION_MINIMUM=3.5 \
         pip_quiet wheel --no-cache-dir --no-build-isolation --no-deps --no-binary horovod "${sources[@]}" \
             -w "$HOROVOD_DIR" "horovod==$HOROVOD_VERSION" >"$log" 2>&1; then
         say "Horovod build failed; last lines of $log:"
