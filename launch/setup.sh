@@ -369,17 +369,17 @@ install_horovod() {
     # The wheel links against this torch build: cache it per torch version.
     local wheel stamp="$HOROVOD_DIR/${TORCH_PIN/==/-}.stamp"
     wheel=$(ls "$HOROVOD_DIR"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n 1 || true)
+    # Horovod's own requirements, before any build: its setup_requires would fetch cffi from the network.
+    "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi
     if [ -z "$wheel" ] || [ ! -f "$stamp" ]; then
         rm -f "$HOROVOD_DIR"/horovod-*.whl
-        # cffi before the build: Horovod's setup_requires would fetch it from the network.
-        "${PIP[@]}" cmake cloudpickle psutil pyyaml packaging cffi
+        "${PIP[@]}" cmake
         build_horovod_wheel
         touch "$stamp"
         wheel=$(ls "$HOROVOD_DIR"/horovod-"$HOROVOD_VERSION"-*.whl | head -n 1)
     fi
     say "installing $wheel"
     "${PIP[@]}" --no-deps --force-reinstall "$wheel"
-    "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi
     horovod_ok || { say "Horovod installed from $wheel but 'import horovod.torch' fails${GPU_OPS:+ or has no $GPU_OPS}"
                     say "  or it links another MPI: remove $wheel and run this again"; exit 1; }
 }
