@@ -12,7 +12,6 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from hybrid._ext import laia
-from hybrid._ext.laia import margin_order
 from hybrid.counter_hash import hash3, mix64, stream_id
 
 
@@ -90,7 +89,7 @@ class LaiaAllocation(AllocationPolicy):
     runs the chunked lock-free variant (deterministic for a chunk count,
     whatever ``threads``). ``tables`` restricts scoring to a subset of tables
     (adaptive LAIA chooses it). ``confident`` takes the samples by margin
-    (:func:`margin_order`) instead of in batch order. ``cost`` places each
+    (:func:`laia.margin_order`) instead of in batch order. ``cost`` places each
     sample where it adds the fewest transmissions given the samples placed
     before it (``laia.allocate_cost``) instead of where most of its rows are
     fresh; ``full_set`` says every trained row is pushed (mode laia). With
@@ -132,7 +131,7 @@ class LaiaAllocation(AllocationPolicy):
             alloc = self._cost_allocation(rows, tables, capacity, iteration, upcoming)
         elif self.chunks is None:
             alloc = laia.allocate_exact(capacity=capacity, seed=self.seed, iteration=iteration,
-                                        order=margin_order(gaps) if self.confident else None, **scoring)
+                                        order=laia.margin_order(gaps) if self.confident else None, **scoring)
         else:
             alloc = laia.allocate_chunked(chunk_capacity=chunk_capacity, chunk_start=starts, seed=self.seed,
                                           iteration=iteration, threads=self.threads, **scoring)

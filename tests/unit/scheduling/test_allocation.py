@@ -4,9 +4,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hybrid._ext import laia
+from hybrid._ext.laia import margin_order
 from hybrid._ext.cluster_state import ClusterState
 from hybrid.scheduling.allocation import (AdaptiveLaiaAllocation, ContiguousAllocation, LaiaAllocation, RandomAllocation,
-                               TableProfiler, capacities, chunk_layout, interleaved_slots, margin_order)
+                               TableProfiler, capacities, chunk_layout, interleaved_slots)
 from hybrid.counter_hash import hash3
 from hybrid.scheduling.brute_force import best_allocation, iteration_cost, scheduling_quality
 
