@@ -132,7 +132,7 @@ torch_install_args() {
 
 print_plan() {
     torch_install_args
-    say "plan: MPI: $MPI ($MPI_WHY): $MPICC, $MPIEXEC$(command -v "$MPIEXEC" >/dev/null || echo ", from apt-get install $MPI_PACKAGES")"
+    say "plan: MPI: $MPI ($MPI_WHY): $MPICC, $MPIEXEC$(mpi_present || echo ", from apt-get install $MPI_PACKAGES")"
     say "plan: GPU build: $([ "$GPU" = 1 ] && echo yes || echo no) ($GPU_WHY)"
     if [ "$TORCH_SOURCE" = system ]; then
         say "plan: torch: the python's own (virtualenv with system site packages)$([ "$GPU" = 1 ] && echo ', must be a CUDA build')"
@@ -149,12 +149,33 @@ print_plan() {
     say "plan: virtualenv: $VENV"
 }
 
-# The MPI asked for, from Debian where it is missing (root, online); refused if the commands found
-# belong to another family.
+# Whether $MPIEXEC runs the family asked for: where only the other MPI is installed, the plain
+# names (mpicc, mpiexec) are that MPI's.
+mpi_matches() {
+    local version
+    version=$("$MPIEXEC" --version 2>&1 | head -n 3 || true)
+    case "$MPI:$version" in
+        openmpi:*"Open MPI"*|openmpi:*OpenRTE*|mpich:*HYDRA*|mpich:*MPICH*|mpich:*"Intel(R) MPI"*) return 0 ;;
+    esac
+    return 1
+}
+
+mpi_present() {
+    command -v "$MPICC" >/dev/null 2>&1 && command -v "$MPIEXEC" >/dev/null 2>&1 && mpi_matches
+}
+
+# The MPI asked for, from Debian where it is missing or only the other family is on PATH (root,
+# online); otherwise refused, saying what was found.
 install_mpi() {
-    if ! command -v "$MPICC" >/dev/null 2>&1 || ! command -v "$MPIEXEC" >/dev/null 2>&1; then
+    if ! mpi_present; then
         if [ "$(id -u)" -ne 0 ] || [ "$OFFLINE" = 1 ]; then
-            say "$MPICC/$MPIEXEC not found: install $MPI first, e.g."
+            if command -v "$MPIEXEC" >/dev/null 2>&1; then
+                say "HYBRID_MPI=$MPI, but $MPIEXEC is another MPI:"
+                say "  $("$MPIEXEC" --version 2>&1 | head -n 1)"
+                say "  put $MPI's mpicc and mpiexec first on PATH (a module load), or install it:"
+            else
+                say "$MPICC/$MPIEXEC not found: install $MPI first, e.g."
+            fi
             say "  sudo apt-get install -y $MPI_PACKAGES"
             exit 1
         fi
@@ -164,16 +185,11 @@ install_mpi() {
         # shellcheck disable=SC2086  # MPI_PACKAGES: several words
         apt-get install -y -qq $MPI_PACKAGES >/dev/null
         decide_mpi  # the suffixed names exist now
+        if ! mpi_present; then
+            say "installed $MPI_PACKAGES, but $MPIEXEC is still another MPI: $("$MPIEXEC" --version 2>&1 | head -n 1)"
+            exit 1
+        fi
     fi
-    local version
-    version=$("$MPIEXEC" --version 2>&1 | head -n 3 || true)
-    case "$MPI:$version" in
-        openmpi:*"Open MPI"*|openmpi:*OpenRTE*|mpich:*HYDRA*|mpich:*MPICH*|mpich:*"Intel(R) MPI"*) ;;
-        *) say "HYBRID_MPI=$MPI, but $MPIEXEC is another MPI:"
-           say "  $(echo "$version" | head -n 1)"
-           say "  put $MPI's mpicc and mpiexec first on PATH (a module load), or install it"
-           exit 1 ;;
-    esac
 }
 
 make_venv() {

@@ -92,6 +92,21 @@ def test_mpich_gets_a_venv_and_wheels_of_its_own_and_mpi4py_built_against_it(tmp
     assert plan.splitlines()[-1] == f"[setup] plan: virtualenv: {SETUP.parents[1] / '.venv-mpich'}"
 
 
+@pytest.mark.skipif(shutil.which("mpicc.mpich") is not None, reason="Debian's MPICH is installed here")
+def test_mpich_asked_for_where_only_open_mpi_is_installed_is_installed_not_refused(tmp_path):
+    """The plain mpicc/mpiexec are Open MPI's on such a host: the plan installs MPICH, and only where
+    it cannot (offline here) is the request refused, naming what was found and what to install."""
+    venv = tmp_path / "new-venv"
+    plan = _setup(tmp_path, "--plan", HYBRID_MPI="mpich", HYBRID_VENV=str(venv))
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stderr.splitlines()[0].endswith(", from apt-get install mpich libmpich-dev")
+    refused = _setup(tmp_path, HYBRID_MPI="mpich", HYBRID_VENV=str(venv), HYBRID_OFFLINE="1")
+    assert refused.returncode == 1
+    assert "HYBRID_MPI=mpich, but mpiexec is another MPI:" in refused.stderr
+    assert "sudo apt-get install -y mpich libmpich-dev" in refused.stderr
+    assert not venv.exists()
+
+
 def test_a_gpu_host_with_its_own_pytorch_and_an_index_plans_that_index(tmp_path):
     plan = _setup(tmp_path, "--plan", gpus=1, HYBRID_TORCH_INDEX="https://download.example/cu130").stderr
     assert "torch: pip install torch==2.13.0 --index-url https://download.example/cu130 (a CUDA build)" in plan
