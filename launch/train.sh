@@ -42,6 +42,15 @@ overrides=()
 for arg in "$@"; do
     [[ "$arg" == *=* && "$arg" != -* ]] && overrides+=("$arg")
 done
+# The ranks' python must have what launch/setup.sh installs: without a venv activated (or
+# HYBRID_VENV), `python` is the system's, and the config step and every rank would die on an import.
+if ! python -c 'import importlib.util as u, sys
+sys.exit(any(u.find_spec(m) is None for m in ("mpi4py", "horovod", "torch", "tqdm")))' 2>/dev/null; then
+    echo "launch/train.sh: $(command -v python || echo "no python on PATH") lacks the packages launch/setup.sh" \
+        "installs (mpi4py, horovod, torch, tqdm): activate its venv (source $ROOT/.venv/bin/activate) or" \
+        "set HYBRID_VENV" >&2
+    exit 2
+fi
 layout=$(python -m hybrid config "$config" "${overrides[@]}" --layout)
 eval "$layout"
 launcher=$runner

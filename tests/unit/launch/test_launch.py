@@ -92,6 +92,16 @@ def _dry_run(*args: str, venv=sys.prefix) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.startswith("+ ")]
 
 
+def test_train_launcher_refuses_a_python_without_the_packages_saying_how_to_get_them(tmp_path):
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    result = subprocess.run(["bash", str(TRAIN), "configs/ml100k.yaml"], capture_output=True, text=True, timeout=60,
+                            cwd=LAUNCHER.parents[1], env={**os.environ, "HYBRID_VENV": str(bare)})
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"launch/train.sh: {bare}/bin/python lacks the packages launch/setup.sh installs")
+    assert "activate its venv (source " in result.stderr and "Traceback" not in result.stderr
+
+
 def test_train_launcher_takes_the_rank_layout_from_the_config_and_places_ps_ranks_last():
     layout, command = _dry_run("--workers-on", "gpu1:4,gpu2:4", "--ps-on", "cpu1:2", "--tcp=eth0",
                                "configs/w1.yaml", "cluster.ps=2", "--resume")
