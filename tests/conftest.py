@@ -59,3 +59,23 @@ _CONFIG = []
 
 def pytest_configure(config):
     _CONFIG[:] = [config]
+
+
+_MPI_IN_PYTEST = ("imported mpi4py.MPI into the pytest process, which makes it an MPI process: every mpirun a later "
+                  "test starts then exits 1 without a word. Import MPI code inside the subprocess the test starts, or "
+                  "put the code MPI does not need in a module that does not import it.")
+
+
+def pytest_collection_finish(session):
+    """Outside ``--with-mpi``, no test module may start MPI in this process (see ``_MPI_IN_PYTEST``)."""
+    if not _under_mpi(session.config) and "mpi4py.MPI" in sys.modules:
+        raise pytest.UsageError(f"a test module {_MPI_IN_PYTEST}")
+
+
+@pytest.fixture(autouse=True)
+def _no_mpi_in_the_pytest_process(request):
+    """The same for each test's own imports: the first test that brings in MPI fails, naming why."""
+    before = "mpi4py.MPI" in sys.modules
+    yield
+    if not before and not _under_mpi(request.config) and "mpi4py.MPI" in sys.modules:
+        pytest.fail(f"this test {_MPI_IN_PYTEST}")

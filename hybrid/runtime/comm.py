@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from hybrid.runtime.launch_facts import HostShare, idle_poll_seconds
+from hybrid.runtime.launch_facts import HostShare, check_horovod_settings, idle_poll_seconds
 
 
 class RoleError(ValueError):
@@ -195,27 +195,11 @@ def idle_barrier(comm: MPI.Comm, poll_seconds: float | None = None) -> None:
         time.sleep(poll_seconds)
 
 
-def check_horovod_settings(environ) -> None:
-    """Refuse Horovod's Gloo settings before ``hvd.init``, which would crash or miscount on them.
-
-    The workers' Horovod runs on their MPI communicator, without the PS
-    ranks. Horovod 0.28.1's Gloo operations (``HOROVOD_CPU_OPERATIONS=gloo``)
-    end it with a segmentation fault there, and its Gloo controller
-    (``HOROVOD_CONTROLLER=gloo``) ignores the communicator
-    (docs/cluster.md, "launch/mpirun.sh and TCP").
-    """
-    for name in ("HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER"):
-        if environ.get(name, "").strip().lower() == "gloo":
-            raise RoleError(f"{name}=gloo cannot run here: Horovod runs on the workers' MPI communicator, where "
-                            f"Horovod 0.28.1's Gloo {'operations crash' if 'CPU' in name else 'controller ignores it'}"
-                            f"; unset {name} (CPU workers allreduce with MPI, GPU workers with NCCL)")
-
-
 def init_horovod(roles: Roles):
     """``hvd.init`` on the workers' communicator; returns the module (None on PS ranks)."""
     if roles.is_ps:
         return None
-    check_horovod_settings(os.environ)
+    check_horovod_settings(os.environ)  # before Horovod loads: its Gloo settings crash it
     import horovod.torch as hvd
 
     hvd.init(comm=roles.workers)

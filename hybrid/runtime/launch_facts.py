@@ -215,6 +215,22 @@ def yield_under_mpich(environ: MutableMapping[str, str]) -> None:
     environ.setdefault("HOROVOD_CYCLE_TIME", MPICH_CYCLE_MS)
 
 
+def check_horovod_settings(environ) -> None:
+    """Refuse Horovod's Gloo settings before ``hvd.init``, which would crash or miscount on them.
+
+    The workers' Horovod runs on their MPI communicator, without the PS
+    ranks. Horovod 0.28.1's Gloo operations (``HOROVOD_CPU_OPERATIONS=gloo``)
+    end it with a segmentation fault there, and its Gloo controller
+    (``HOROVOD_CONTROLLER=gloo``) ignores the communicator
+    (docs/cluster.md, "launch/mpirun.sh and TCP").
+    """
+    for name in ("HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER"):
+        if environ.get(name, "").strip().lower() == "gloo":
+            raise ValueError(f"{name}=gloo cannot run here: Horovod runs on the workers' MPI communicator, where "
+                             f"Horovod 0.28.1's Gloo {'operations crash' if 'CPU' in name else 'controller ignores it'}"
+                             f"; unset {name} (CPU workers allreduce with MPI, GPU workers with NCCL)")
+
+
 def idle_poll_seconds(library: str, environ=os.environ) -> float:
     """How long a rank waiting in ``comm.idle_barrier`` sleeps between calls into MPI (docs/cluster.md).
 
