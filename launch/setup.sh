@@ -169,7 +169,7 @@ mpi_present() {
 install_mpi() {
     if ! mpi_present; then
         if [ "$(id -u)" -ne 0 ] || [ "$OFFLINE" = 1 ]; then
-            if command -v "$MPIEXEC" >/dev/null 2>&1; then
+            if command -v "$MPIEXEC" >/dev/null 2>&1 && ! mpi_matches; then
                 say "HYBRID_MPI=$MPI, but $MPIEXEC is another MPI:"
                 say "  $("$MPIEXEC" --version 2>&1 | head -n 1)"
                 say "  put $MPI's mpicc and mpiexec first on PATH (a module load), or install it:"

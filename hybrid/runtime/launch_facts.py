@@ -21,6 +21,9 @@ The same count gives each rank's compute threads (``train.threads`` wins)
 and, after MPI starts, how the runtime's own waits poll
 (:class:`hybrid.runtime.comm.Roles`, :func:`idle_poll_seconds`).
 
+The Horovod settings this runtime cannot run (Gloo) are refused here too,
+before Horovod loads (:func:`check_horovod_settings`).
+
 Nothing here imports MPI: :func:`prepare` must run before ``mpi4py.MPI``.
 """
 from __future__ import annotations
