@@ -92,9 +92,21 @@ horovod_dir() {
 # The MPI family (MPI, MPI_WHY), its compiler wrapper and launcher (MPICC, MPIEXEC), and the venv.
 # Debian installs MPICH beside Open MPI under suffixed names (mpicc.mpich), the default keeping
 # the plain ones: the suffixed name wins where it exists.
+# The MPI family of launcher $1 from its --version: openmpi, mpich, other, or none (not found).
+family_of() {
+    local version
+    command -v "$1" >/dev/null 2>&1 || { echo none; return; }
+    version=$("$1" --version 2>&1 | head -n 3 || true)
+    case "$version" in
+        *"Open MPI"*|*OpenRTE*) echo openmpi ;;
+        *HYDRA*|*MPICH*|*"Intel(R) MPI"*) echo mpich ;;
+        *) echo other ;;
+    esac
+}
+
 decide_mpi() {
     local found
-    found=$(mpirun --version 2>/dev/null | head -n 3 || true)
+    found=$(family_of mpirun)
     if [ "$MPI" = auto ] && [ -n "${HYBRID_VENV:-}" ] && [ -f "$HYBRID_VENV/.hybrid-mpi" ]; then
         read -r MPI _ <"$HYBRID_VENV/.hybrid-mpi"
         MPI_WHY="the MPI $HYBRID_VENV was set up with"
@@ -102,9 +114,9 @@ decide_mpi() {
     case "$MPI" in
         auto)
             case "$found" in
-                *"Open MPI"*|*OpenRTE*) MPI=openmpi MPI_WHY="mpirun on PATH is Open MPI" ;;
-                *HYDRA*|*MPICH*|*"Intel(R) MPI"*) MPI=mpich MPI_WHY="mpirun on PATH is of the MPICH family" ;;
-                "") MPI=openmpi MPI_WHY="no mpirun on PATH: Open MPI" ;;
+                openmpi) MPI=openmpi MPI_WHY="mpirun on PATH is Open MPI" ;;
+                mpich) MPI=mpich MPI_WHY="mpirun on PATH is of the MPICH family" ;;
+                none) MPI=openmpi MPI_WHY="no mpirun on PATH: Open MPI" ;;
                 *) say "mpirun on PATH is neither Open MPI nor of the MPICH family; set HYBRID_MPI=openmpi or mpich"
                    exit 2 ;;
             esac ;;
@@ -152,12 +164,7 @@ print_plan() {
 # Whether $MPIEXEC runs the family asked for: where only the other MPI is installed, the plain
 # names (mpicc, mpiexec) are that MPI's.
 mpi_matches() {
-    local version
-    version=$("$MPIEXEC" --version 2>&1 | head -n 3 || true)
-    case "$MPI:$version" in
-        openmpi:*"Open MPI"*|openmpi:*OpenRTE*|mpich:*HYDRA*|mpich:*MPICH*|mpich:*"Intel(R) MPI"*) return 0 ;;
-    esac
-    return 1
+    [ "$(family_of "$MPIEXEC")" = "$MPI" ]
 }
 
 mpi_present() {

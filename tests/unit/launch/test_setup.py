@@ -92,19 +92,41 @@ def test_mpich_gets_a_venv_and_wheels_of_its_own_and_mpi4py_built_against_it(tmp
     assert plan.splitlines()[-1] == f"[setup] plan: virtualenv: {SETUP.parents[1] / '.venv-mpich'}"
 
 
-@pytest.mark.skipif(shutil.which("mpicc.mpich") is not None, reason="Debian's MPICH is installed here")
+def _path_with_only_open_mpi(tmp_path: Path) -> str:
+    """A PATH like this one's, without any MPICH, whose plain mpicc/mpiexec/mpirun are Open MPI's (stand-ins)."""
+    sandbox = tmp_path / "only-open-mpi"
+    sandbox.mkdir()
+    for name in ("mpicc", "mpiexec", "mpirun"):
+        (sandbox / name).write_text("#!/bin/sh\necho 'mpiexec (OpenRTE) 4.1.4'\n")
+        (sandbox / name).chmod(0o755)
+    for directory in os.environ["PATH"].split(":"):
+        for tool in Path(directory).glob("*") if Path(directory).is_dir() else ():
+            if "mpi" not in tool.name and not (sandbox / tool.name).exists():
+                (sandbox / tool.name).symlink_to(tool)
+    return str(sandbox)
+
+
 def test_mpich_asked_for_where_only_open_mpi_is_installed_is_installed_not_refused(tmp_path):
     """The plain mpicc/mpiexec are Open MPI's on such a host: the plan installs MPICH, and only where
     it cannot (offline here) is the request refused, naming what was found and what to install."""
     venv = tmp_path / "new-venv"
-    plan = _setup(tmp_path, "--plan", HYBRID_MPI="mpich", HYBRID_VENV=str(venv))
+    path = _path_with_only_open_mpi(tmp_path)
+    plan = _setup(tmp_path, "--plan", HYBRID_MPI="mpich", HYBRID_VENV=str(venv), PATH=path)
     assert plan.returncode == 0, plan.stderr
     assert plan.stderr.splitlines()[0].endswith(", from apt-get install mpich libmpich-dev")
-    refused = _setup(tmp_path, HYBRID_MPI="mpich", HYBRID_VENV=str(venv), HYBRID_OFFLINE="1")
+    refused = _setup(tmp_path, HYBRID_MPI="mpich", HYBRID_VENV=str(venv), HYBRID_OFFLINE="1", PATH=path)
     assert refused.returncode == 1
     assert "HYBRID_MPI=mpich, but mpiexec is another MPI:" in refused.stderr
     assert "sudo apt-get install -y mpich libmpich-dev" in refused.stderr
     assert not venv.exists()
+
+
+def test_a_missing_compiler_wrapper_of_the_mpi_found_is_not_found_not_another_mpi(tmp_path):
+    path = _path_with_only_open_mpi(tmp_path)
+    (Path(path) / "mpicc").unlink()
+    refused = _setup(tmp_path, HYBRID_MPI="openmpi", HYBRID_VENV=str(tmp_path / "v"), HYBRID_OFFLINE="1", PATH=path)
+    assert refused.returncode == 1
+    assert "mpicc/mpirun not found: install openmpi first" in refused.stderr and "another MPI" not in refused.stderr
 
 
 def test_a_gpu_host_with_its_own_pytorch_and_an_index_plans_that_index(tmp_path):
