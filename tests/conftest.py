@@ -1,6 +1,5 @@
 """Shared fixtures (small stores written once per session) and the MPI fail-fast hook."""
 import sys
-import time
 
 import pytest
 
@@ -32,16 +31,15 @@ def _abort_on_failure(report, config) -> None:
         return
     from mpi4py import MPI
 
+    from hybrid.runtime.comm import abort_job
+
     world = MPI.COMM_WORLD
     if world.size == 1:
         return
     where = getattr(report, "when", "collect")
     sys.stderr.write(f"\n{'=' * 20} rank {world.rank} of {world.size}: FAILED {report.nodeid} ({where}) "
                      f"{'=' * 20}\n{report.longreprtext}\n{'=' * 20} aborting every rank {'=' * 20}\n")
-    sys.stderr.flush()
-    sys.stdout.flush()
-    time.sleep(1)  # MPICH's Hydra drops what its proxies have not yet forwarded when a rank aborts
-    world.Abort(1)
+    abort_job(1)
 
 
 @pytest.hookimpl(trylast=True)

@@ -51,6 +51,8 @@ def _end_the_job(err: BaseException) -> None:
     """
     from mpi4py import MPI
 
+    from hybrid.runtime.comm import abort_job
+
     world = MPI.COMM_WORLD
     if world.size == 1:
         return
@@ -62,7 +64,7 @@ def _end_the_job(err: BaseException) -> None:
             "".join(traceback.format_exception(err))
         message = f"{detail}hybrid train: error on {where}: {type(err).__name__}: {err}"
     print(f"{message}; ending every rank", file=sys.stderr, flush=True)
-    world.Abort(EXIT_FAILURE)
+    abort_job(EXIT_FAILURE)
 
 
 def _read_summaries(paths: list[str]) -> list[dict]:

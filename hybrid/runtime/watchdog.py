@@ -50,9 +50,10 @@ class Watchdog:
 def _report_and_abort(message: str) -> None:
     from mpi4py import MPI
 
+    from hybrid.runtime.comm import abort_job
+
     world = MPI.COMM_WORLD
     print(f"hybrid train: rank {world.rank} of {world.size} ({MPI.Get_processor_name()}): {message}; "
           f"stacks follow; ending every rank", file=sys.stderr, flush=True)
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    sys.stderr.flush()
-    world.Abort(1)
+    abort_job(1)
