@@ -18,7 +18,7 @@ depends on the chunk count but never on the thread count.
 """
 cimport cython
 import numpy as np
-from cython.parallel cimport parallel, prange
+from cython.parallel cimport parallel, prange, threadid
 from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport abort, calloc, free, malloc
 from libc.string cimport memset
@@ -354,6 +354,7 @@ cdef class CostScratch:
                                              # [2 (t size + h)]: row << 32 | index (-1: free), then its uses
     cdef int64_t last_distinct               # distinct rows of the last batch: sizes the next tables
     cdef int32_t[::1] ids, seen, live, local, sole
+    cdef int64_t[::1] distinct
     cdef object record_memory
     cdef uint64_t* records                   # 64-byte aligned
 
@@ -365,6 +366,7 @@ cdef class CostScratch:
         self.sole = np.zeros(1, dtype=np.int32)
         self.live = np.zeros(1, dtype=np.int32)
         self.local = np.zeros(1, dtype=np.int32)
+        self.distinct = np.zeros(1, dtype=np.int64)
         self.record_memory = None
 
     cdef void reserve(self, int64_t samples, int64_t entries, int parts, int64_t size, int64_t stride):
@@ -385,6 +387,7 @@ cdef class CostScratch:
         if self.seen.shape[0] < rows:
             self.seen = np.empty(rows, dtype=np.int32)
             self.sole = np.empty(rows, dtype=np.int32)
+            self.distinct = np.empty(rows, dtype=np.int64)
         if self.record_memory is None or len(self.record_memory) < rows * stride + 8:
             self.record_memory = np.empty(rows * stride + 8, dtype=np.uint64)  # filled at first sight
             memory = self.record_memory
@@ -422,22 +425,37 @@ cdef class BatchCosts:
     cdef CostScratch scratch
     cdef uint64_t* records                   # stride words per distinct row: HEAD, fresh[words], trains[words]
     cdef BatchCosts previous
+    cdef const int64_t[:, ::1] rows          # the batch's global row ids (kept: shaping may come later)
+    cdef const int32_t[::1] tables
+    cdef int64_t[::1] distinct               # per distinct row: its row id
+    cdef int64_t most                        # entries of the largest table shaping may need
+    cdef int pair_room
+    cdef readonly bint shaped                # its distinct rows found (shape)
+    cdef readonly bint bound                 # its records made from the holders (bind)
+    cdef bint shaped_beside                  # set by shape_pass beside the greedy placement of another batch
 
     def __init__(self, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
                  const int32_t[::1] tables, bint full_set, BatchCosts previous=None, int pair_room=2,
                  int threads=1, CostScratch scratch=None):
         """``pair_room``: (row, worker) slots per entry of the batch; above 2, room for moves (:meth:`can_move`).
         ``threads`` find the distinct rows (the costs do not depend on it). ``scratch``: memory to reuse
-        (this board then owns it until another takes it)."""
-        cdef Py_ssize_t n_samples = rows.shape[0], i
-        cdef int p
+        (this board then owns it until another takes it).
+
+        ``holders`` None: a board of a batch whose holders are not known yet
+        (the next one): :func:`allocate_cost` shapes it beside the greedy
+        placement of the batch before (``beside``) and binds it when its turn comes.
+        """
+        cdef Py_ssize_t n_samples = rows.shape[0]
+        check_scoring(words, n_workers, rows.shape[1], tables)
         self.n_workers, self.words, self.n_tables, self.full_set = n_workers, words, tables.shape[0], full_set
         self.n_samples = n_samples
+        self.rows, self.tables = rows, tables
         self.common = COMMON * n_workers
-        cdef int64_t entries = max(1, n_samples * self.n_tables), size = 16, pair_size = 16, most
+        cdef int64_t entries = max(1, n_samples * self.n_tables), size = 16, pair_size = 16
         while size < 2 * entries:
             size <<= 1
-        self.counts_pairs = pair_room > 2
+        self.most = size
+        self.pair_room, self.counts_pairs = pair_room, pair_room > 2
         while self.counts_pairs and pair_size < pair_room * entries:
             pair_size <<= 1
         self.pair_mask, self.pair_used = pair_size - 1, 0
@@ -452,57 +470,108 @@ cdef class BatchCosts:
             self.n_slices += 1
         self.saving = np.zeros(self.n_slices * words, dtype=np.uint64)
         self.stamp = 0
-        self.previous = previous
-        # Tables for the distinct rows the last batch had, not for the batch's entries: batches repeat
-        # rows (Criteo-like: 1 distinct row in 15 to 45 entries), and tables that fit the caches save a
-        # miss per entry. One that fills up is rebuilt four times larger.
-        most = size
-        size = min(most, max(MIN_TABLE, 1 << (1 + table_bits(self.scratch.last_distinct))))
         self.parts = max(1, min(threads, n_samples))
         self.part_rows = np.zeros(8 * self.parts, dtype=np.int64)
-        while not self.find_distinct(&holders[0], rows, tables, entries, size, threads):
-            if size == most:  # a table holds every entry at load <= 1/2: cannot fill
+        self.shaped = self.bound = self.shaped_beside = False
+        if holders is not None:
+            self.shape(threads)
+            self.bind(holders, previous, threads)
+
+    cdef void check_made_for(self, const int64_t[:, ::1] rows, const int32_t[::1] tables, int words,
+                             int n_workers, bint full_set, int pair_room) except *:
+        """Refuse this board for a call about another batch, other tables or other settings, or a second
+        placement (a board is placed once)."""
+        cdef Py_ssize_t k
+        if self.bound:
+            raise ValueError("board: placed already (a board serves one allocation)")
+        if rows.shape[0] != self.rows.shape[0] or rows.shape[1] != self.rows.shape[1] or \
+                (rows.shape[0] * rows.shape[1] and &rows[0, 0] != &self.rows[0, 0]):
+            raise ValueError("board: made for another batch than rows")
+        same = tables.shape[0] == self.tables.shape[0]
+        for k in range(tables.shape[0] if same else 0):
+            same = same and tables[k] == self.tables[k]
+        if not same:
+            raise ValueError("board: made for other tables than tables")
+        if (words, n_workers, full_set, pair_room) != (self.words, self.n_workers, bool(self.full_set),
+                                                       self.pair_room):
+            raise ValueError(f"board: made for words={self.words}, n_workers={self.n_workers}, "
+                             f"full_set={bool(self.full_set)}, pair_room={self.pair_room}; the call has "
+                             f"{words}, {n_workers}, {full_set}, {pair_room}")
+
+    cdef int64_t first_size(self):
+        """Entries of the first distinct-row table to try: for the distinct rows the last batch had, not
+        for the batch's entries. Batches repeat rows (Criteo-like: 1 distinct row in 15 to 45 entries),
+        and tables that fit the caches save a miss per entry. One that fills up is rebuilt four times larger."""
+        return min(self.most, max(MIN_TABLE, 1 << (1 + table_bits(self.scratch.last_distinct))))
+
+    cdef void shape(self, int threads) except *:
+        """Find the batch's distinct rows with ``threads`` (rows only: no holder is read)."""
+        cdef int64_t size = self.first_size()
+        cdef bint ok = False
+        while True:
+            self.reserve(size)
+            with nogil:
+                ok = self.shape_pass(threads)
+            if ok:
+                break
+            if size == self.most:  # a table holds every entry at load <= 1/2: cannot fill
                 raise RuntimeError(f"the distinct-row table of {size} entries filled")
-            size = min(4 * size, most)
+            size = min(4 * size, self.most)
+        self.finish_shape()
+
+    cdef void reserve(self, int64_t size) except *:
+        """The scratch memory for tables of ``size`` entries, taken as this board's (needs the GIL)."""
+        self.limit = size // 2
+        self.mask = size - 1
+        self.scratch.reserve(self.n_samples, max(1, self.n_samples * self.n_tables), self.parts, size, self.stride)
+        self.keys, self.ids, self.seen, self.records, self.local, self.sole, self.live, self.distinct = \
+            self.scratch.keys, self.scratch.ids, self.scratch.seen, self.scratch.records, self.scratch.local, \
+            self.scratch.sole, self.scratch.live, self.scratch.distinct
+
+    cdef void finish_shape(self) except *:
         self.scratch.last_distinct = self.n_distinct
         self.visited = np.zeros(self.limit if self.counts_pairs else 1, dtype=np.int32)  # the swap pass's
-        self.live = self.scratch.live
-        with nogil:
-            for p in prange(self.parts, num_threads=threads, schedule="static", chunksize=1):
-                for i in range(self.first_sample(p, n_samples), self.first_sample(p + 1, n_samples)):
-                    self.live[i] = self.index_sample(i, p)
+        self.shaped = True
 
-    cdef inline int64_t first_sample(self, int p, int64_t n_samples) noexcept nogil:
-        """Part ``p``'s samples start here (the parts split the batch into contiguous ranges)."""
-        return p * n_samples // self.parts
-
-    cdef bint find_distinct(self, const uint64_t* holders, const int64_t[:, ::1] rows,
-                            const int32_t[::1] tables, int64_t entries, int64_t size, int threads):
-        """The batch's distinct rows and their uses in tables of ``size`` entries; False if one filled
-        past half.
+    cdef bint shape_pass(self, int threads) noexcept nogil:
+        """The distinct rows and their uses in the reserved tables; False if one filled past half.
 
         Each thread takes a contiguous share of the samples and counts its
         rows in a table of its own (no entry, count or cache line is
         shared, nothing is atomic); then one pass merges the parts' tables
-        into the batch's and copies each new row's holders into its record.
+        into the batch's; then each sample's entries become the batch's
+        indices, the rows not common first.
         """
         cdef int p
-        cdef int64_t n_samples = rows.shape[0]
-        self.limit = size // 2
-        self.mask = size - 1
-        self.scratch.reserve(n_samples, entries, self.parts, size, self.stride)
-        self.keys, self.ids, self.seen, self.records, self.local, self.sole = \
-            self.scratch.keys, self.scratch.ids, self.scratch.seen, self.scratch.records, self.scratch.local, \
-            self.scratch.sole
-        with nogil:
-            for p in prange(self.parts, num_threads=threads, schedule="static", chunksize=1):
-                self.part_rows[8 * p] = self.count_part(rows, tables, p, self.first_sample(p, n_samples),
-                                                        self.first_sample(p + 1, n_samples))
+        cdef int64_t i, n_samples = self.n_samples
+        for p in prange(self.parts, num_threads=threads, schedule="static", chunksize=1):
+            self.part_rows[8 * p] = self.count_part(self.rows, self.tables, p, self.first_sample(p, n_samples),
+                                                    self.first_sample(p + 1, n_samples))
         for p in range(self.parts):
             if self.part_rows[8 * p] < 0:
                 return False
+        if not self.merge_parts():
+            return False
+        for p in prange(self.parts, num_threads=threads, schedule="static", chunksize=1):
+            for i in range(self.first_sample(p, n_samples), self.first_sample(p + 1, n_samples)):
+                self.live[i] = self.index_sample(i, p)
+        return True
+
+    cdef void bind(self, const uint64_t[::1] holders, BatchCosts previous, int threads) except *:
+        """Each distinct row's record from the holders (as ``previous`` leaves them, if given)."""
+        cdef int64_t u, n = self.n_distinct
+        cdef const uint64_t* at = &holders[0]
+        self.previous = previous
         with nogil:
-            return self.merge_parts(holders)
+            for u in prange(n, num_threads=threads, schedule="static"):
+                if u + AHEAD < n:
+                    prefetch(&at[self.distinct[u + AHEAD] * self.words])
+                self.new_record(at, self.distinct[u], u)
+        self.bound = True
+
+    cdef inline int64_t first_sample(self, int p, int64_t n_samples) noexcept nogil:
+        """Part ``p``'s samples start here (the parts split the batch into contiguous ranges)."""
+        return p * n_samples // self.parts
 
     cdef int64_t count_part(self, const int64_t[:, ::1] rows, const int32_t[::1] tables, int p, int64_t first,
                             int64_t last) noexcept nogil:
@@ -533,9 +602,10 @@ cdef class BatchCosts:
                 self.ids[i * self.n_tables + k] = <int32_t>(entry & LOW32)
         return n
 
-    cdef bint merge_parts(self, const uint64_t* holders) noexcept nogil:
+    cdef bint merge_parts(self) noexcept nogil:
         """The parts' rows into the batch's table (0), in part order: each part's index -> the batch's
-        (``local``), uses summed (``seen``, up to ``common``), a record per new row. False if it filled."""
+        (``local``), uses summed (``seen``, up to ``common``), each new row's id (``distinct``). False if
+        it filled."""
         cdef int p
         cdef int64_t h, g, entry, row, u, n = 0, size = self.mask + 1
         for p in range(self.parts):
@@ -543,7 +613,6 @@ cdef class BatchCosts:
                 if h + AHEAD < (2 + p) * size and self.keys[2 * (h + AHEAD)] != -1:
                     entry = self.keys[2 * (h + AHEAD)]
                     prefetch(&self.keys[2 * fib_slot(entry >> 32, self.mask)])
-                    prefetch(&holders[(entry >> 32) * self.words])
                 entry = self.keys[2 * h]
                 if entry == -1:
                     continue
@@ -556,7 +625,7 @@ cdef class BatchCosts:
                         return False
                     self.keys[2 * g] = (row << 32) | n
                     self.seen[n] = 0
-                    self.new_record(holders, row, n)
+                    self.distinct[n] = row
                     n += 1
                 u = self.keys[2 * g] & LOW32
                 self.local[p * self.limit + (entry & LOW32)] = <int32_t>u
@@ -828,7 +897,7 @@ cdef class BatchCosts:
 def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
                   const int32_t[::1] tables, const int64_t[::1] capacity, uint64_t seed, uint64_t iteration,
                   order=None, bint confident=False, bint full_set=False, int swap_rounds=0, int threads=1,
-                  CostScratch scratch=None):
+                  CostScratch scratch=None, BatchCosts board=None, BatchCosts beside=None):
     """Each sample to the worker where it adds the fewest transmissions, given the samples placed before it.
 
     The cost of placing a sample on worker ``w`` sums over its rows (in
@@ -853,58 +922,103 @@ def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, cons
     find the batch's distinct rows; samples are placed one after another,
     so the result does not depend on them. ``scratch`` (a :class:`CostScratch`): memory to reuse from
     the last call. Returns int32 worker per sample.
+
+    ``board``: this batch's :class:`BatchCosts`, made earlier without holders
+    (it owns its scratch; ``scratch`` is then unused). ``beside``: the next
+    batch's, made without holders: with two threads or more, one of them
+    finds its distinct rows while another places this batch (the placement
+    is serial; the next batch's rows do not depend on it), so that the
+    next call only binds it to the holders (docs/design.md section 4).
     """
-    cdef Py_ssize_t n_samples = rows.shape[0], n_tables = tables.shape[0]
-    if words * 64 < n_workers + 1:
-        raise ValueError(f"{words} holder words cannot hold PS + {n_workers} workers")
-    cdef Py_ssize_t k
-    for k in range(n_tables):
-        if tables[k] < 0 or tables[k] >= rows.shape[1]:
-            raise ValueError(f"tables[{k}] = {tables[k]} is not a table in [0, {rows.shape[1]})")
+    cdef Py_ssize_t n_samples = rows.shape[0], k
+    check_scoring(words, n_workers, rows.shape[1], tables)
     if confident and order is not None:
         raise ValueError("give an order or confident=True, not both")
     cdef int64_t[::1] steps = checked_order(capacity, n_samples, n_workers, order)
-    cdef BatchCosts board = BatchCosts(holders, words, n_workers, rows, tables, full_set,
-                                       pair_room=SWAP_ROOM if swap_rounds else 2, threads=threads,
-                                       scratch=scratch)
+    cdef int pair_room = SWAP_ROOM if swap_rounds else 2
+    if beside is not None:
+        if beside is board or beside.shaped or beside.scratch is (scratch if board is None else board.scratch):
+            raise ValueError("beside: the next batch's board, not yet shaped, with a scratch of its own")
+        beside.check_made_for(beside.rows, beside.tables, words, n_workers, full_set, pair_room)
+    if board is None:
+        board = BatchCosts(holders, words, n_workers, rows, tables, full_set, pair_room=pair_room, threads=threads,
+                           scratch=scratch)
+    else:
+        board.check_made_for(rows, tables, words, n_workers, full_set, pair_room)
+        if not board.shaped:
+            board.shape(threads)
+        board.bind(holders, None, threads)
     if confident:
         steps = margin_order(board.margins(threads))
     cdef const int64_t* taken = &steps[0] if steps.shape[0] else NULL
     alloc = np.empty(n_samples, dtype=np.int32)
-    greedy(board, alloc, capacity, seed, iteration, taken)
+    greedy(board, alloc, capacity, seed, iteration, taken, beside if threads >= 2 else None)
+    if beside is not None and not beside.shaped:
+        beside.shape(threads)
     for k in range(swap_rounds):
         if not swap_pass(board, alloc):
             break
     return alloc
 
 
+def next_board(*, int words, int n_workers, const int64_t[:, ::1] rows, const int32_t[::1] tables,
+               bint full_set=False, int swap_rounds=0, int threads=1, CostScratch scratch=None):
+    """The :class:`BatchCosts` of the batch after the one about to be allocated, made without holders: give it
+    to that :func:`allocate_cost` as ``beside``, then to the next as ``board`` (same settings; the two
+    boards on two scratches)."""
+    return BatchCosts(None, words, n_workers, rows, tables, full_set, pair_room=SWAP_ROOM if swap_rounds else 2,
+                      threads=threads, scratch=scratch)
+
+
 cdef void greedy(BatchCosts board, int32_t[::1] out, const int64_t[::1] capacity, uint64_t seed,
-                 uint64_t iteration, const int64_t* taken):
-    """Each sample, in ``taken`` order (NULL: as they come), to its cheapest worker with room; see allocate_cost."""
-    cdef int64_t n_samples = out.shape[0], n_workers = board.n_workers, words = board.words
+                 uint64_t iteration, const int64_t* taken, BatchCosts beside=None) except *:
+    """Each sample, in ``taken`` order (NULL: as they come), to its cheapest worker with room; see allocate_cost.
+
+    With ``beside``, a second thread shapes that board meanwhile (in
+    reserved tables; if they fill, it is left for the caller to shape).
+    """
+    cdef int64_t n_workers = board.n_workers, words = board.words
     cdef int64_t[::1] remaining = np.array(capacity, dtype=np.int64)
     cdef int64_t[::1] load = np.zeros(n_workers, dtype=np.int64)
     cdef uint64_t[::1] room = np.zeros(words, dtype=np.uint64)  # workers with room, in the holders' bit layout
     cdef uint64_t[::1] best = np.zeros(words, dtype=np.uint64)
-    cdef uint64_t* saving = &board.saving[0]
-    cdef int64_t i, j, w, total, saved
+    cdef int64_t w
     for w in range(n_workers):
         if remaining[w] > 0:
             room[(w + 1) >> 6] |= (<uint64_t>1) << ((w + 1) & 63)
-    with nogil:
-        for j in range(n_samples):
-            i = taken[j] if taken != NULL else j
-            if j + 2 < n_samples:
-                board.prefetch_ids(taken[j + 2] if taken != NULL else j + 2)
-            total = board.costs(i, -1 if j + 1 == n_samples else (taken[j + 1] if taken != NULL else j + 1), saving)
-            saved = cheapest(saving, board.n_slices, words, &room[0], &best[0])
-            w = least_loaded(&best[0], words, &load[0], seed, iteration, i)
-            out[i] = <int32_t>w
-            remaining[w] -= 1
-            if remaining[w] == 0:
-                room[(w + 1) >> 6] &= ~((<uint64_t>1) << ((w + 1) & 63))
-            load[w] += total - saved
-            board.move(i, w, 1)
+    if beside is None:
+        with nogil:
+            place(board, out, &remaining[0], &load[0], &room[0], &best[0], seed, iteration, taken)
+        return
+    beside.reserve(beside.first_size())
+    with nogil, parallel(num_threads=2):
+        if threadid() == 0:
+            place(board, out, &remaining[0], &load[0], &room[0], &best[0], seed, iteration, taken)
+        else:
+            beside.shaped_beside = beside.shape_pass(1)
+    if beside.shaped_beside:
+        beside.finish_shape()
+
+
+cdef void place(BatchCosts board, int32_t[::1] out, int64_t* remaining, int64_t* load, uint64_t* room,
+                uint64_t* best, uint64_t seed, uint64_t iteration, const int64_t* taken) noexcept nogil:
+    """The greedy placement itself (see :func:`greedy`): one sample after another."""
+    cdef int64_t n_samples = out.shape[0], words = board.words
+    cdef uint64_t* saving = &board.saving[0]
+    cdef int64_t i, j, w, total, saved
+    for j in range(n_samples):
+        i = taken[j] if taken != NULL else j
+        if j + 2 < n_samples:
+            board.prefetch_ids(taken[j + 2] if taken != NULL else j + 2)
+        total = board.costs(i, -1 if j + 1 == n_samples else (taken[j + 1] if taken != NULL else j + 1), saving)
+        saved = cheapest(saving, board.n_slices, words, room, best)
+        w = least_loaded(best, words, load, seed, iteration, i)
+        out[i] = <int32_t>w
+        remaining[w] -= 1
+        if remaining[w] == 0:
+            room[(w + 1) >> 6] &= ~((<uint64_t>1) << ((w + 1) & 63))
+        load[w] += total - saved
+        board.move(i, w, 1)
 
 
 cdef int64_t cheapest(const uint64_t* saving, int64_t n_slices, int64_t words, const uint64_t* room,

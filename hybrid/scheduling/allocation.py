@@ -35,7 +35,12 @@ def interleaved_slots(capacity: np.ndarray) -> np.ndarray:
 class AllocationPolicy(ABC):
     """Maps a global batch (global row ids, [B, tables]) to a worker per sample."""
 
-    looks_ahead = False  # whether allocate() wants the batch after ``rows`` (the scheduler then reads one ahead)
+    looks_ahead = False  # whether allocate() weighs the batch after ``rows`` (the multi-batch look-ahead)
+
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether allocate() wants the batch after ``rows`` (the scheduler then reads one batch early)."""
+        return self.looks_ahead
 
     def __init__(self, n_workers: int):
         self.n_workers = n_workers
@@ -111,7 +116,15 @@ class LaiaAllocation(AllocationPolicy):
         self.looks_ahead = lookahead
         self.tables: np.ndarray | None = None
         self._layouts: dict[int, tuple] = {}  # batch size -> (capacity, chunk starts, chunk capacities)
-        self._scratch = (laia.CostScratch(), laia.CostScratch()) if cost else None  # cost scoring's memory
+        self._scratch = [laia.CostScratch(), laia.CostScratch()] if cost else None  # cost scoring's memory
+        # With threads to spare, the next batch's distinct rows are found beside this batch's (serial) placement:
+        # (its rows, its tables, its board), until allocate() gets that batch.
+        self._prepares = cost and threads > 1 and not lookahead
+        self._prepared: tuple | None = None
+
+    @property
+    def reads_ahead(self) -> bool:
+        return self.looks_ahead or self._prepares
 
     def allocate(self, rows: np.ndarray, iteration: int, upcoming: np.ndarray | None = None) -> np.ndarray:
         """Scoring is the confident order's margins; Algorithm 1 counts each sample's fresh rows as it
@@ -144,7 +157,7 @@ class LaiaAllocation(AllocationPolicy):
                       rows=rows, tables=tables, seed=self.seed, full_set=self.full_set)
         alloc = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
                                    confident=self.confident, threads=self.threads, scratch=self._scratch[0],
-                                   **common)
+                                   **common, **self._boards(rows, tables, upcoming))
         if not self.looks_ahead or upcoming is None:
             return alloc
         other = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
@@ -157,6 +170,31 @@ class LaiaAllocation(AllocationPolicy):
                                      iteration_next=iteration + 1, scratch=self._scratch[0],
                                      scratch_next=self._scratch[1], **common) for a in (alloc, other)]
         return alloc if costs[0] <= costs[1] else other
+
+
+    def _boards(self, rows, tables, upcoming) -> dict:
+        """``board`` (this batch's, if prepared during the last call) and ``beside`` (the next batch's, to
+        prepare now), each on a scratch of its own; nothing when not preparing.
+
+        A prepared board serves only the very array it was made from, with
+        the same tables (adaptive LAIA may change them between batches);
+        any other call shapes its board anew, which gives the same
+        allocation. The boards only save time: the result never depends on them.
+        """
+        if not self._prepares:
+            return {}
+        prepared, self._prepared = self._prepared, None
+        boards = {}
+        if prepared is not None and prepared[0] is rows and np.array_equal(prepared[1], tables):
+            boards["board"] = prepared[2]
+            self._scratch.reverse()  # the prepared board holds the second scratch: it becomes this batch's
+        if upcoming is not None and upcoming.shape[1] == rows.shape[1]:
+            beside = laia.next_board(words=self.state.words, n_workers=self.n_workers, rows=upcoming, tables=tables,
+                                     full_set=self.full_set, swap_rounds=self.swap_rounds, threads=self.threads,
+                                     scratch=self._scratch[1])
+            self._prepared = (upcoming, tables.copy(), beside)
+            boards["beside"] = beside
+        return boards
 
 
 def chunk_layout(n_samples: int, capacity: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray]:

@@ -27,12 +27,17 @@ from hybrid.scheduling.policy import SchedulePolicy, SchedulerError
 
 
 class BatchStream:
-    """The batches in order; with ``look_ahead``, the one after the next is read early for the allocation."""
+    """The batches in order; with ``look_ahead``, the one after the next is read early for the allocation.
+
+    That early batch's global rows are kept (:meth:`rows_of`), so the
+    allocation meets the very array it was shown early.
+    """
 
     def __init__(self, batches: Iterable[np.ndarray], look_ahead: bool):
         self._batches = iter(batches)
         self._early: list = []
         self.look_ahead = look_ahead
+        self._converted: tuple = (None, None)  # (a batch, its global rows)
 
     def next(self) -> Optional[np.ndarray]:
         """The next batch, or None at the end."""
@@ -45,6 +50,12 @@ class BatchStream:
         if not self._early:
             self._early.append(next(self._batches, None))
         return self._early[0]
+
+    def rows_of(self, batch: np.ndarray, convert) -> np.ndarray:
+        """``convert(batch)``, computed once for a batch seen early and again as the next."""
+        if self._converted[0] is not batch:
+            self._converted = (batch, convert(batch))
+        return self._converted[1]
 
 
 def shared_rows(rows: np.ndarray, allocation: np.ndarray, n_workers: int) -> np.ndarray:
@@ -121,10 +132,12 @@ class Scheduler:
         """
         return np.add(sparse, self.table_offsets, dtype=np.int64, casting="unsafe", order="C")
 
-    def _allocate(self, sparse: np.ndarray, iteration: int,
-                  following: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
-        rows = self.global_rows(sparse)
-        alloc = self.policy.allocate(rows, iteration, None if following is None else self.global_rows(following))
+    def _allocate(self, stream: BatchStream, sparse: np.ndarray, iteration: int) -> tuple[np.ndarray, np.ndarray]:
+        """The allocation of batch ``sparse``, shown the batch after it when the policy reads ahead."""
+        rows = stream.rows_of(sparse, self.global_rows)
+        following = stream.following()
+        alloc = self.policy.allocate(rows, iteration,
+                                     None if following is None else stream.rows_of(following, self.global_rows))
         self._timing["scoring"] = self.policy.timing["scoring"]
         self._timing["allocation"] = self.policy.timing["allocation"]
         return rows, alloc
@@ -198,12 +211,12 @@ class Scheduler:
         ``resume`` (from :meth:`save_arrays`) continues an earlier run: then
         ``batches`` start at the batch of its ``next_step``.
         """
-        stream = BatchStream(batches, self.policy.looks_ahead)
+        stream = BatchStream(batches, self.policy.reads_ahead)
         first = stream.next()
         if first is None:
             return
         if resume is None:
-            step, (rows, alloc) = start_step, self._allocate(first, start_step, stream.following())
+            step, (rows, alloc) = start_step, self._allocate(stream, first, start_step)
         else:
             rows = self.global_rows(first)
             step, alloc = self._restore(resume, rows)
@@ -220,7 +233,7 @@ class Scheduler:
             timing["state_update"] = time.perf_counter() - start
             upcoming = stream.next()
             if upcoming is not None:
-                next_rows, next_alloc = self._allocate(upcoming, step + 1, stream.following())
+                next_rows, next_alloc = self._allocate(stream, upcoming, step + 1)
             else:
                 next_rows = next_alloc = None
             start = time.perf_counter()

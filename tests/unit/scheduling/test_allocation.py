@@ -571,6 +571,57 @@ def test_cost_scoring_places_a_batch_larger_than_its_tables_as_the_reference(thr
         assert np.array_equal(alloc, expected)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("variant", [{}, {"confident": True}, {"swap_rounds": 1}])
+def test_a_board_prepared_beside_the_batch_before_places_as_one_made_on_the_spot(threads, variant):
+    """The pipeline of :class:`LaiaAllocation` with threads to spare: each batch's distinct rows are found
+    while the batch before is placed (``beside``), then bound to the holders (``board``). Batches of 30,
+    ~8,500 and 100 distinct rows make a board shaped beside fill the tables its scratch's history sizes."""
+    rng = np.random.default_rng(11)
+    n_workers, n_rows, n_tables = 4, 40_000, 3
+    history = [rng.integers(0, n_rows, size=(400, n_tables)).astype(np.int64) for _ in range(2)]
+    allocs = [(np.arange(400) % n_workers).astype(np.int32) for _ in history]
+    state = _state_with_history(n_workers, n_rows, history, allocs, 3000 * n_tables)
+    common = dict(holders=state.holder_words(), words=state.words, n_workers=n_workers, seed=3, threads=threads,
+                  tables=np.arange(n_tables, dtype=np.int32), **variant)
+    batches = [rng.integers(0, spread, size=(samples, n_tables)).astype(np.int64)
+               for samples, spread in ((40, 30), (3000, n_rows), (3000, 100), (3000, n_rows), (40, 30))]
+    scratches, board = [laia.CostScratch(), laia.CostScratch()], None
+    for t, rows in enumerate(batches):
+        capacity = capacities(len(rows), n_workers)
+        beside = None if t + 1 == len(batches) else laia.next_board(
+            rows=batches[t + 1], scratch=scratches[(t + 1) % 2],
+            **{k: v for k, v in common.items() if k in ("words", "n_workers", "tables", "threads", "swap_rounds")})
+        alloc = laia.allocate_cost(rows=rows, capacity=capacity, iteration=t, board=board, beside=beside,
+                                   scratch=scratches[t % 2], **common)
+        assert np.array_equal(alloc, laia.allocate_cost(rows=rows, capacity=capacity, iteration=t, **common)), t
+        assert beside is None or (beside.shaped and not beside.bound)
+        board = beside
+
+
+def test_a_board_serves_one_allocation_of_its_own_batch():
+    state = ClusterState(n_workers=2, n_rows=10, capacity=10, full_set=False, max_pairs=8)
+    rows, tables = np.array([[1, 2], [3, 4]], dtype=np.int64), np.arange(2, dtype=np.int32)
+    common = dict(holders=state.holder_words(), words=state.words, n_workers=2, tables=tables,
+                  capacity=capacities(2, 2), seed=0, iteration=0)
+    shaping = dict(words=state.words, n_workers=2, tables=tables)
+    with pytest.raises(ValueError, match="another batch"):
+        laia.allocate_cost(rows=rows, board=laia.next_board(rows=rows.copy(), **shaping), **common)
+    with pytest.raises(ValueError, match="other tables"):
+        laia.allocate_cost(rows=rows, board=laia.next_board(rows=rows, **{**shaping, "tables": tables[:1]}), **common)
+    with pytest.raises(ValueError, match="pair_room=2"):
+        laia.allocate_cost(rows=rows, board=laia.next_board(rows=rows, **shaping), swap_rounds=1, **common)
+    scratch = laia.CostScratch()
+    with pytest.raises(ValueError, match="scratch of its own"):
+        laia.allocate_cost(rows=rows, board=laia.next_board(rows=rows, scratch=scratch, **shaping),
+                           beside=laia.next_board(rows=rows, scratch=scratch, **shaping), **common)
+    board = laia.next_board(rows=rows, **shaping)
+    first = laia.allocate_cost(rows=rows, board=board, **common)
+    assert np.array_equal(first, laia.allocate_cost(rows=rows, **common))
+    with pytest.raises(ValueError, match="placed already"):
+        laia.allocate_cost(rows=rows, board=board, **common)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(-40_000, 40_000), max_size=300), st.integers(1, 40))
 def test_margin_order_is_the_stable_sort_of_the_margins_whatever_their_range(values, spread):
