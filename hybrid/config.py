@@ -180,7 +180,7 @@ class TrainConfig:
     deterministic: bool = False  # add shared rows' gradients in worker order: bit-reproducible runs and resumes
     threads: int = 0  # torch compute threads per worker (0 = this host's cores / its ranks, at least 1)
     device: str = "auto"  # auto (a GPU when CUDA is present), cpu, cuda (hybrid/runtime/accelerator.py)
-    allreduce: str = "auto"  # MLP gradients: auto, horovod (NCCL/MPI/Gloo), host (host-staged); see accelerator
+    allreduce: str = "auto"  # MLP gradients: auto, horovod (NCCL/MPI/Gloo), host (host-staged), mpi; see accelerator
     watchdog_seconds: float = 600.0  # a worker with no finished iteration for this long reports and ends the job
     checkpoint_every: int = 0  # iterations between checkpoints, and one at the end (0 = only on SIGTERM/SIGUSR1)
     checkpoint_keep: int = 2  # complete checkpoints kept (older ones are deleted)
@@ -400,8 +400,8 @@ def validate(config: Config) -> None:
     _check(c.train.device in ("auto", "cpu", "cuda"), "train.device",
            f"expected one of auto, cpu, cuda, got {c.train.device!r}")
     _check(c.train.embedding_eps > 0, "train.embedding_eps", f"must be > 0, got {c.train.embedding_eps}")
-    _check(c.train.allreduce in ("auto", "horovod", "host"), "train.allreduce",
-           f"expected one of auto, horovod, host, got {c.train.allreduce!r}")
+    _check(c.train.allreduce in ("auto", "horovod", "host", "mpi"), "train.allreduce",
+           f"expected one of auto, horovod, host, mpi, got {c.train.allreduce!r}")
     _check(c.model.embedding_dim >= 1, "model.embedding_dim", f"must be >= 1, got {c.model.embedding_dim}")
     for key in ("bottom_mlp", "top_mlp"):
         widths = getattr(c.model, key)

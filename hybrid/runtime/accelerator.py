@@ -10,7 +10,10 @@ docs/training.md ("GPU") says how these are chosen; in short:
   summed there by Horovod on the CPU, copied back. NCCL refuses two ranks on
   one GPU, and a Horovod built without NCCL cannot sum GPU tensors, so workers
   in either case get the host-staged sum, chosen by every worker alike from
-  what all of them report.
+  what all of them report. CPU workers under MPICH whose ranks share cores
+  sum the host buffer with MPI on the workers' communicator instead of
+  Horovod (``train.allreduce=mpi``): Horovod's coordination cycle would make
+  every iteration wait for it (docs/cluster.md, "MPICH").
 - Staging: the worker's cache lives in host memory (RMA writes into it), so
   each iteration's rows and inputs cross to the GPU and the rows' gradients
   come back. They go through pinned (page-locked) host memory, to the GPU on
@@ -26,7 +29,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-ALLREDUCES = ("auto", "horovod", "host")
+ALLREDUCES = ("auto", "horovod", "host", "mpi")
 
 
 class AcceleratorError(ValueError):
@@ -59,19 +62,27 @@ class AllreduceChoice:
     host_staged: bool
     backend: str  # Horovod's backend for the sum: nccl, mpi or gloo
     reason: str
+    by_mpi: bool = False  # the host buffer summed by MPI on the workers' communicator, not by Horovod
 
     def describe(self) -> str:
-        how = f"host-staged (Horovod {self.backend} on host copies)" if self.host_staged else f"Horovod {self.backend}"
+        if self.by_mpi:
+            how = "MPI Allreduce of one host buffer on the workers' communicator"
+        elif self.host_staged:
+            how = f"host-staged (Horovod {self.backend} on host copies)"
+        else:
+            how = f"Horovod {self.backend}"
         return f"{how}: {self.reason}"
 
 
-def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: bool, cpu_backend: str
-                     ) -> AllreduceChoice:
+def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: bool, cpu_backend: str,
+                     mpich_yields: Optional[list[bool]] = None) -> AllreduceChoice:
     """The allreduce for ``train.allreduce`` given every worker's :func:`gpu_identity`.
 
-    Every worker passes the same gathered list, so every worker chooses
+    Every worker passes the same gathered lists, so every worker chooses
     alike (two choices would deadlock the sum). ``cpu_backend`` is the
-    backend Horovod uses for host tensors (mpi or gloo).
+    backend Horovod uses for host tensors (mpi or gloo). ``mpich_yields``:
+    per worker, whether its MPICH waits yield because its host's ranks share
+    cores (``hybrid._ext.mpi_yield``); where all do, CPU workers sum by MPI.
     """
     if wanted not in ALLREDUCES:
         raise AcceleratorError(f"train.allreduce: expected one of {', '.join(ALLREDUCES)}, got {wanted!r}")
@@ -79,9 +90,14 @@ def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: b
     if on_gpus and len(on_gpus) != len(identities):
         raise AcceleratorError("some workers have a GPU and some do not; give every worker a GPU, "
                                "or set train.device=cpu")
+    if wanted == "mpi":
+        return AllreduceChoice(True, "mpi", "asked for (train.allreduce=mpi)", by_mpi=True)
     if not on_gpus:
         if wanted == "host":
             return AllreduceChoice(True, cpu_backend, "asked for (train.allreduce=host)")
+        if wanted == "auto" and mpich_yields and all(mpich_yields):
+            return AllreduceChoice(True, "mpi", "MPICH ranks share cores (Horovod's cycle would pace every "
+                                                "iteration)", by_mpi=True)
         return AllreduceChoice(False, cpu_backend, "CPU workers")
     shared = len(set(on_gpus)) < len(on_gpus)
     if wanted == "horovod" and (shared or not nccl_built):
@@ -96,6 +112,23 @@ def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: b
     if not nccl_built:
         return AllreduceChoice(True, cpu_backend, "this Horovod was built without NCCL")
     return AllreduceChoice(False, "nccl", "one GPU per worker")
+
+
+class CommunicatorSum:
+    """``allreduce_`` and ``Sum`` as :class:`HostStagedOptimizer` calls Horovod's, done by MPI on ``comm``
+    (the workers' communicator) in the calling thread: the sum starts when the last worker calls it,
+    not at the next tick of Horovod's coordination cycle."""
+
+    Sum = "sum"
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def allreduce_(self, tensor: torch.Tensor, op: str, name: str) -> torch.Tensor:
+        from mpi4py import MPI  # only a rank sums: the unit tests' process never loads MPI
+
+        self.comm.Allreduce(MPI.IN_PLACE, tensor.numpy(), op=MPI.SUM)
+        return tensor
 
 
 class HostStagedOptimizer:

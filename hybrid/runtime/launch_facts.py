@@ -234,7 +234,7 @@ def check_horovod_settings(environ) -> None:
                              f"; unset {name} (CPU workers allreduce with MPI, GPU workers with NCCL)")
 
 
-def idle_poll_seconds(library: str, environ=os.environ) -> float:
+def idle_poll_seconds(library: str, environ=os.environ, core_each: bool = False) -> float:
     """How long a rank waiting in ``comm.idle_barrier`` sleeps between calls into MPI (docs/cluster.md).
 
     Open MPI completes one-sided operations at the origin (shared memory,
@@ -242,8 +242,12 @@ def idle_poll_seconds(library: str, environ=os.environ) -> float:
     without asynchronous progress completes them only when the PS calls
     into MPI, so each pull waits for the PS's next poll: 100 us (measured
     with 1 worker + 1 PS: a pull of 512 rows took 1.25 ms at 1 ms polls and
-    0.26 ms at 100 us, for 14% of a core instead of 3%).
-    ``HYBRID_PS_POLL_US`` overrides both.
+    0.26 ms at 100 us, for 14% of a core instead of 3%), and 20 us where
+    every rank on the host has a core of its own (``core_each``): 1 worker
+    + 1 PS on 2 cores pulled in 0.35-0.42 ms per iteration instead of
+    0.47-0.51. With more ranks than cores the PS's polls take the workers'
+    cores: there a PS waiting inside MPI trained 3 workers + 1 PS slower.
+    ``HYBRID_PS_POLL_US`` overrides all.
     """
     if environ.get(POLL_VARIABLE):
         try:
@@ -254,4 +258,6 @@ def idle_poll_seconds(library: str, environ=os.environ) -> float:
             raise ValueError(f"{POLL_VARIABLE}={environ[POLL_VARIABLE]!r}: give microseconds between 0 and 1e6 "
                              f"(a waiting PS rank sleeps that long between calls into MPI)")
         return poll * 1e-6
-    return 1e-4 if "MPICH" in library else 1e-3
+    if "MPICH" not in library:
+        return 1e-3
+    return 2e-5 if core_each else 1e-4

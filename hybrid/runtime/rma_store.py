@@ -126,8 +126,9 @@ class EmbeddingStore:
     def __init__(self, comm: MPI.Comm, ps_ranks: Sequence[int], n_rows: int, dim: int, *,
                  dtype=np.float32, init: Optional[Callable[[np.ndarray, int], None]] = None,
                  transport: str = "auto", spin_seconds: float = 0.002, versions: bool = False,
-                 plan: Optional[ShardPlan] = None):
+                 plan: Optional[ShardPlan] = None, poll_seconds: Optional[float] = None):
         self.comm, self.ps_ranks, self.dim = comm, list(ps_ranks), dim
+        self.poll_seconds = poll_seconds  # a PS rank's sleep between polls in barrier() (None: comm.idle_barrier's)
         self.dtype = np.dtype(dtype)
         if self.dtype not in _MPI_TYPES:
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
@@ -426,7 +427,7 @@ class EmbeddingStore:
         no operation is in flight. PS ranks spend a training run in it.
         """
         if self.service is None:
-            idle_barrier(self.comm)  # PS ranks wait here without spinning while workers finish
+            idle_barrier(self.comm, self.poll_seconds)  # PS ranks wait here without spinning while workers finish
         else:
             self.service.serve_until(self.comm.Ibarrier())
 

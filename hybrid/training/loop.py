@@ -62,6 +62,7 @@ import numpy as np
 import torch
 
 from hybrid import modes, torch_files
+from hybrid._ext import mpi_yield
 from hybrid.config import Config
 from hybrid.data.store import BatchStore, GlobalBatch
 from hybrid.exported import auc_and_logloss
@@ -71,6 +72,7 @@ from hybrid.runtime import accelerator
 from hybrid.runtime import checkpoint as ckpt
 from hybrid.runtime.comm import Roles, init_horovod
 from hybrid.runtime.embedding_init import fill_initial_runs
+from hybrid.runtime.launch_facts import idle_poll_seconds
 from hybrid.runtime.preemption import StopRequest, describe
 from hybrid.runtime.reshard import ShardFiles, checkpoint_plan, cold_start, same_layout
 from hybrid.runtime.rma_store import EmbeddingStore, Handle
@@ -126,6 +128,14 @@ class RunState:
     counted: Figures = field(default_factory=Figures)  # of those after scheduler.warmup_iterations, as simulate counts
 
 
+def ps_poll_seconds(roles: Roles) -> float:
+    """How often a PS rank calls into MPI while it serves a run: for this MPI, and whether each rank of
+    its host has a core of its own (hybrid.runtime.launch_facts.idle_poll_seconds)."""
+    from mpi4py import MPI
+
+    return idle_poll_seconds(MPI.Get_library_version(), core_each=roles.node_ranks <= roles.node_cores)
+
+
 class HybridTrainer:
     """One rank's part of a training run; construct on every rank (collective).
 
@@ -158,7 +168,7 @@ class HybridTrainer:
         self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, config.row_width, dtype=self.dtype,
                                     init=self._initial_rows(resume, plan), transport=config.cluster.transport.value,
                                     spin_seconds=0.0 if roles.oversubscribed else 0.002,
-                                    versions=mode.store_versions, plan=plan)
+                                    versions=mode.store_versions, plan=plan, poll_seconds=ps_poll_seconds(roles))
         self.hvd = init_horovod(roles)
         self.last_loss = 0.0
         self.start_wait_seconds = 0.0  # workers: the wait for the others before the clock starts (job._train)
@@ -179,9 +189,11 @@ class HybridTrainer:
         self.model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables,
                                  seed=config.seed).to(self.device)
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        identities, mpich_yields = zip(*roles.workers.allgather((accelerator.gpu_identity(self.device),
+                                                                 mpi_yield.active())))
         self.allreduce = accelerator.choose_allreduce(
-            config.train.allreduce, roles.workers.allgather(accelerator.gpu_identity(self.device)),
-            nccl_built=bool(self.hvd.nccl_built()), cpu_backend="gloo" if self.hvd.gloo_enabled() else "mpi")
+            config.train.allreduce, list(identities), nccl_built=bool(self.hvd.nccl_built()),
+            cpu_backend="gloo" if self.hvd.gloo_enabled() else "mpi", mpich_yields=list(mpich_yields))
         self.optimizer = self._dense_optimizer()
         self.resume_arrays = None
         if resume is not None:
@@ -239,6 +251,9 @@ class HybridTrainer:
         buffer anyway (hybrid.runtime.accelerator).
         """
         local = dense_optimizer(self.config, self.model.parameters())
+        if self.allreduce.by_mpi:
+            return accelerator.HostStagedOptimizer(local, accelerator.CommunicatorSum(self.roles.workers),
+                                                   list(self.model.parameters()))
         if self.allreduce.host_staged:
             return accelerator.HostStagedOptimizer(local, self.hvd, list(self.model.parameters()))
         return self.hvd.DistributedOptimizer(local, named_parameters=self.model.named_parameters(), op=self.hvd.Sum,

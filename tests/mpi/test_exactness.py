@@ -68,9 +68,11 @@ def _small_float64_run(store_path, n_ps: int, *overrides) -> None:
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["vanilla", "herald", "het"])
-def test_the_host_staged_allreduce_equals_the_reference(store_path, mode):
-    """The fallback for workers that share a GPU, run on CPU workers: the same model as Horovod's sum."""
-    _small_float64_run(store_path, 1, f"scheduler.mode={mode}", "train.allreduce=host", "train.device=cpu")
+@pytest.mark.parametrize("allreduce", ["host", "mpi"])
+def test_the_host_staged_allreduce_equals_the_reference(store_path, mode, allreduce):
+    """The fallback for workers that share a GPU (host), and MPICH's sum where ranks share cores (mpi),
+    run on CPU workers: the same model as Horovod's sum."""
+    _small_float64_run(store_path, 1, f"scheduler.mode={mode}", f"train.allreduce={allreduce}", "train.device=cpu")
 
 
 @pytest.mark.mpi(min_size=3)

@@ -15,6 +15,22 @@ def test_cpu_workers_use_horovod_on_the_host_unless_host_staging_is_asked_for():
     assert choose_allreduce("host", [None, None], nccl_built=True, cpu_backend="gloo").host_staged
 
 
+def test_cpu_workers_sum_by_mpi_where_every_workers_mpich_waits_yield_or_where_asked():
+    """MPICH ranks that share cores: Horovod's coordination cycle would pace each iteration (docs/cluster.md)."""
+    choice = choose_allreduce("auto", [None, None, None], nccl_built=False, cpu_backend="mpi",
+                              mpich_yields=[True, True, True])
+    assert choice.by_mpi and choice.host_staged and choice.describe().startswith("MPI Allreduce of one host buffer")
+    for yields in ([True, False, True], [False] * 3, None):  # any worker that spins: all take Horovod alike
+        assert not choose_allreduce("auto", [None] * 3, nccl_built=False, cpu_backend="mpi",
+                                    mpich_yields=yields).by_mpi
+    assert not choose_allreduce("horovod", [None] * 2, nccl_built=False, cpu_backend="mpi",
+                                mpich_yields=[True, True]).by_mpi
+    assert choose_allreduce("mpi", [None] * 2, nccl_built=False, cpu_backend="mpi").by_mpi
+    gpus = choose_allreduce("auto", ["h1/GPU-a", "h1/GPU-b"], nccl_built=True, cpu_backend="mpi",
+                            mpich_yields=[True, True])
+    assert gpus.backend == "nccl" and not gpus.by_mpi
+
+
 def test_one_gpu_per_worker_with_nccl_uses_nccl():
     choice = choose_allreduce("auto", ["h1/GPU-a", "h1/GPU-b", "h2/GPU-a"], nccl_built=True, cpu_backend="mpi")
     assert not choice.host_staged and choice.backend == "nccl"
