@@ -171,7 +171,6 @@ class LaiaAllocation(AllocationPolicy):
                                      scratch_next=self._scratch[1], **common) for a in (alloc, other)]
         return alloc if costs[0] <= costs[1] else other
 
-
     def _boards(self, rows, tables, upcoming) -> dict:
         """``board`` (this batch's, if prepared during the last call) and ``beside`` (the next batch's, to
         prepare now), each on a scratch of its own; nothing when not preparing.
