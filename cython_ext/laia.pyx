@@ -928,7 +928,7 @@ def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, cons
     batch's, made without holders: with two threads or more, one of them
     finds its distinct rows while another places this batch (the placement
     is serial; the next batch's rows do not depend on it), so that the
-    next call only binds it to the holders (docs/design.md section 4).
+    next call only binds it to the holders (docs/design.md section 3, "Threads").
     """
     cdef Py_ssize_t n_samples = rows.shape[0], k
     check_scoring(words, n_workers, rows.shape[1], tables)
