@@ -57,6 +57,12 @@ class Roles:
         """Compute threads per rank (hybrid.runtime.launch_facts.HostShare)."""
         return self.share.compute_threads
 
+    @property
+    def poll_seconds(self) -> float:
+        """A waiting PS rank's sleep between calls into MPI: for this MPI, and whether each rank of this
+        machine has a core of its own (:func:`hybrid.runtime.launch_facts.idle_poll_seconds`)."""
+        return idle_poll_seconds(MPI.Get_library_version(), core_each=self.node_ranks <= self.node_cores)
+
     def worker_barrier(self) -> None:
         """The workers' barrier (see :meth:`worker_barrier_max`)."""
         self.worker_barrier_max(0)

@@ -72,7 +72,6 @@ from hybrid.runtime import accelerator
 from hybrid.runtime import checkpoint as ckpt
 from hybrid.runtime.comm import Roles, init_horovod
 from hybrid.runtime.embedding_init import fill_initial_runs
-from hybrid.runtime.launch_facts import idle_poll_seconds
 from hybrid.runtime.preemption import StopRequest, describe
 from hybrid.runtime.reshard import ShardFiles, checkpoint_plan, cold_start, same_layout
 from hybrid.runtime.rma_store import EmbeddingStore, Handle
@@ -128,14 +127,6 @@ class RunState:
     counted: Figures = field(default_factory=Figures)  # of those after scheduler.warmup_iterations, as simulate counts
 
 
-def ps_poll_seconds(roles: Roles) -> float:
-    """How often a PS rank calls into MPI while it serves a run: for this MPI, and whether each rank of
-    its host has a core of its own (hybrid.runtime.launch_facts.idle_poll_seconds)."""
-    from mpi4py import MPI
-
-    return idle_poll_seconds(MPI.Get_library_version(), core_each=roles.node_ranks <= roles.node_cores)
-
-
 class HybridTrainer:
     """One rank's part of a training run; construct on every rank (collective).
 
@@ -168,7 +159,7 @@ class HybridTrainer:
         self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, config.row_width, dtype=self.dtype,
                                     init=self._initial_rows(resume, plan), transport=config.cluster.transport.value,
                                     spin_seconds=0.0 if roles.oversubscribed else 0.002,
-                                    versions=mode.store_versions, plan=plan, poll_seconds=ps_poll_seconds(roles))
+                                    versions=mode.store_versions, plan=plan, poll_seconds=roles.poll_seconds)
         self.hvd = init_horovod(roles)
         self.last_loss = 0.0
         self.start_wait_seconds = 0.0  # workers: the wait for the others before the clock starts (job._train)
