@@ -18,10 +18,6 @@ yielding only 28-29k, sleeping 20 us after 100 empty polls 53-61k, after
 poll 41-44k. Loaded only where the ranks do not fit their cores: with a
 core each, spinning is fastest.
 """
-from libc.stdint cimport int64_t
-
-from atomics cimport fetch_add_i64
-
 
 cdef extern from "<dlfcn.h>" nogil:
     void* dlopen(const char* filename, int flags)
@@ -48,7 +44,6 @@ cdef enum:
 ctypedef unsigned (*progress_function)(void* worker) noexcept nogil
 
 cdef progress_function ucx_progress = NULL
-cdef int64_t yield_count = 0
 
 
 cdef public unsigned ucp_worker_progress(void* worker) noexcept nogil:
@@ -67,15 +62,10 @@ cdef public unsigned ucp_worker_progress(void* worker) noexcept nogil:
         usleep(SLEEP_US)
     else:
         sched_yield()
-    fetch_add_i64(&yield_count, 1)
     return events
 
 
-def yields():
-    """How often a wait in this process gave its core away (0: MPICH's calls do not come here)."""
-    return yield_count
-
-
 def active():
-    """Whether MPICH's waits in this process come here (they have called it at least once)."""
+    """Whether MPICH's waits in this process come here (they have called it at least once): then they
+    give the core away, and the training summary and the choice of allreduce say so."""
     return ucx_progress != NULL

@@ -255,7 +255,7 @@ def _launch_report(roles, launch: Optional[LaunchFacts]) -> dict:
               "measured": {"ranks_on_host": roles.node_ranks, "cores": roles.node_cores,
                            "fits": roles.share.fits}}
     if report["yields"] and "MPICH" in report["mpi"]:  # MPICH yields through the rank's own module, if it loaded
-        if mpi_yield.yields():
+        if mpi_yield.active():
             report["decided_by"] += "; MPICH's waits yield through hybrid._ext.mpi_yield"
         else:
             report["yields"] = False
