@@ -477,13 +477,21 @@ cdef class BatchCosts:
             self.shape(threads)
             self.bind(holders, previous, threads)
 
-    cdef void check_made_for(self, const int64_t[:, ::1] rows, const int32_t[::1] tables, int words,
-                             int n_workers, bint full_set, int pair_room) except *:
-        """Refuse this board for a call about another batch, other tables or other settings, or a second
-        placement (a board is placed once)."""
-        cdef Py_ssize_t k
+    cdef void check_settings(self, int words, int n_workers, bint full_set, int pair_room) except *:
+        """Refuse this board for a call with other settings, or a second placement (a board is placed once)."""
         if self.bound:
             raise ValueError("board: placed already (a board serves one allocation)")
+        if (words, n_workers, full_set, pair_room) != (self.words, self.n_workers, bool(self.full_set),
+                                                       self.pair_room):
+            raise ValueError(f"board: made for words={self.words}, n_workers={self.n_workers}, "
+                             f"full_set={bool(self.full_set)}, pair_room={self.pair_room}; the call has "
+                             f"{words}, {n_workers}, {full_set}, {pair_room}")
+
+    cdef void check_made_for(self, const int64_t[:, ::1] rows, const int32_t[::1] tables, int words,
+                             int n_workers, bint full_set, int pair_room) except *:
+        """:meth:`check_settings`, and refuse this board for a call about another batch or other tables."""
+        cdef Py_ssize_t k
+        self.check_settings(words, n_workers, full_set, pair_room)
         if rows.shape[0] != self.rows.shape[0] or rows.shape[1] != self.rows.shape[1] or \
                 (rows.shape[0] * rows.shape[1] and &rows[0, 0] != &self.rows[0, 0]):
             raise ValueError("board: made for another batch than rows")
@@ -492,11 +500,6 @@ cdef class BatchCosts:
             same = same and tables[k] == self.tables[k]
         if not same:
             raise ValueError("board: made for other tables than tables")
-        if (words, n_workers, full_set, pair_room) != (self.words, self.n_workers, bool(self.full_set),
-                                                       self.pair_room):
-            raise ValueError(f"board: made for words={self.words}, n_workers={self.n_workers}, "
-                             f"full_set={bool(self.full_set)}, pair_room={self.pair_room}; the call has "
-                             f"{words}, {n_workers}, {full_set}, {pair_room}")
 
     cdef int64_t first_size(self):
         """Entries of the first distinct-row table to try: for the distinct rows the last batch had, not
@@ -939,7 +942,7 @@ def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, cons
     if beside is not None:
         if beside is board or beside.shaped or beside.scratch is (scratch if board is None else board.scratch):
             raise ValueError("beside: the next batch's board, not yet shaped, with a scratch of its own")
-        beside.check_made_for(beside.rows, beside.tables, words, n_workers, full_set, pair_room)
+        beside.check_settings(words, n_workers, full_set, pair_room)
     if board is None:
         board = BatchCosts(holders, words, n_workers, rows, tables, full_set, pair_room=pair_room, threads=threads,
                            scratch=scratch)
