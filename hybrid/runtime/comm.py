@@ -193,13 +193,17 @@ def idle_barrier(comm: MPI.Comm, poll_seconds: float | None = None) -> None:
     from the workers; this one tests a non-blocking barrier every
     ``poll_seconds`` (None: :func:`idle_poll_seconds` for this MPI). Each
     test also drives MPI progress for passive-target operations on the MPIs
-    that need it.
+    that need it. ``poll_seconds=0`` tests without sleeping: progress at
+    full speed, for a rank with a core of its own. Never a blocking
+    ``Wait``: a PS forwards a signal from its Python handler, which runs
+    only between calls into MPI (docs/design.md, section 13).
     """
     if poll_seconds is None:
         poll_seconds = idle_poll_seconds(MPI.Get_library_version())
     request = comm.Ibarrier()
     while not request.Test():
-        time.sleep(poll_seconds)
+        if poll_seconds:
+            time.sleep(poll_seconds)
 
 
 # MPICH's Hydra drops what its proxies have not yet forwarded when a rank aborts: the error that

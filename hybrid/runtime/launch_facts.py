@@ -242,22 +242,24 @@ def idle_poll_seconds(library: str, environ=os.environ, core_each: bool = False)
     without asynchronous progress completes them only when the PS calls
     into MPI, so each pull waits for the PS's next poll: 100 us (measured
     with 1 worker + 1 PS: a pull of 512 rows took 1.25 ms at 1 ms polls and
-    0.26 ms at 100 us, for 14% of a core instead of 3%), and 20 us where
-    every rank on the host has a core of its own (``core_each``): 1 worker
-    + 1 PS on 2 cores pulled in 0.35-0.42 ms per iteration instead of
-    0.47-0.51. With more ranks than cores the PS's polls take the workers'
-    cores: there a PS waiting inside MPI trained 3 workers + 1 PS slower.
-    ``HYBRID_PS_POLL_US`` overrides all.
+    0.26 ms at 100 us, for 14% of a core instead of 3%). Where every rank
+    on the host has a core of its own (``core_each``), 0: the PS tests its
+    barrier without sleeping, at full speed on its own core (1 worker + 1
+    PS on 2 cores pulled in 0.25-0.26 ms per iteration, against 0.37-0.39
+    at 20 us polls, whose sleeps the kernel's timer slack stretches). With
+    more ranks than cores the PS's polls take the workers' cores: there a
+    PS waiting inside MPI trained 3 workers + 1 PS slower.
+    ``HYBRID_PS_POLL_US`` overrides all (0: never sleep).
     """
     if environ.get(POLL_VARIABLE):
         try:
             poll = float(environ[POLL_VARIABLE])
         except ValueError:
             poll = -1.0
-        if not 0 < poll <= 1e6:
+        if not 0 <= poll <= 1e6:
             raise ValueError(f"{POLL_VARIABLE}={environ[POLL_VARIABLE]!r}: give microseconds between 0 and 1e6 "
-                             f"(a waiting PS rank sleeps that long between calls into MPI)")
+                             f"(a waiting PS rank sleeps that long between calls into MPI; 0: it never sleeps)")
         return poll * 1e-6
     if "MPICH" not in library:
         return 1e-3
-    return 2e-5 if core_each else 1e-4
+    return 0.0 if core_each else 1e-4

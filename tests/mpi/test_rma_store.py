@@ -91,16 +91,21 @@ def test_workers_read_sum_and_overwrite_rows_of_every_shard(n_ps, transport, lay
 
 
 @TRANSPORTS
+@pytest.mark.parametrize("poll_seconds", [None, 0.0])  # the PS sleeps between tests, or never (a core of its own)
 @pytest.mark.mpi(min_size=2)
-def test_every_worker_sees_the_same_table_after_a_barrier(transport):
+def test_every_worker_sees_the_same_table_after_a_barrier(transport, poll_seconds):
     world = MPI.COMM_WORLD
     store = EmbeddingStore(world, [world.size - 1], N_ROWS, DIM, dtype=np.float32,
-                           init=lambda shard, runs: fill_initial_runs(shard, 1, runs), transport=transport)
+                           init=lambda shard, runs: fill_initial_runs(shard, 1, runs), transport=transport,
+                           poll_seconds=poll_seconds)
     digest = None
     if world.rank != world.size - 1:
         mine = np.arange(world.rank, N_ROWS, world.size - 1)
         store.accumulate(mine, np.ones((len(mine), DIM), np.float32)).wait()
     store.barrier()
+    if world.rank == world.size - 1:  # the PS leaves the barrier with every worker's sums in its shard
+        expected = initial_rows(1, np.arange(N_ROWS), DIM, np.float32) + 1
+        assert np.array_equal(store.shard.reshape(N_ROWS, DIM), expected)
     if world.rank != world.size - 1:
         digest = store.read_all().tobytes()
     store.barrier()

@@ -93,11 +93,12 @@ def test_a_waiting_ps_rank_polls_often_only_where_its_mpi_needs_it_and_the_users
     """MPICH completes a one-sided operation when the PS calls into MPI; Open MPI at the origin."""
     assert idle_poll_seconds("MPICH Version:\t4.0.2\nMPICH Release date: ...", environ={}) == 1e-4
     assert idle_poll_seconds("Open MPI v4.1.4, package: Debian OpenMPI", environ={}) == 1e-3
-    # MPICH's PS polls faster where each rank has a core; Open MPI's need not poll at all
-    assert idle_poll_seconds("MPICH Version: 4.0.2", environ={}, core_each=True) == 2e-5
+    # MPICH's PS never sleeps where each rank has a core; Open MPI's need not poll at all
+    assert idle_poll_seconds("MPICH Version: 4.0.2", environ={}, core_each=True) == 0
     assert idle_poll_seconds("Open MPI v4.1.4", environ={}, core_each=True) == 1e-3
     assert idle_poll_seconds("MPICH Version: 4.0.2", environ={POLL_VARIABLE: "20"}) == pytest.approx(2e-5)
     assert idle_poll_seconds("Open MPI v4.1.4", environ={POLL_VARIABLE: ""}) == 1e-3  # empty: not set
-    for bad in ("0", "-5", "fast", "2e6"):
+    assert idle_poll_seconds("Open MPI v4.1.4", environ={POLL_VARIABLE: "0"}) == 0  # the user's word: never sleep
+    for bad in ("-5", "fast", "2e6"):
         with pytest.raises(ValueError, match=f"{POLL_VARIABLE}='{bad}': give microseconds between 0 and 1e6"):
             idle_poll_seconds("Open MPI v4.1.4", environ={POLL_VARIABLE: bad})

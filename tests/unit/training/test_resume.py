@@ -140,8 +140,14 @@ def test_a_checkpoint_of_another_config_is_refused_and_a_finished_run_is_left_al
 
 
 @pytest.mark.parametrize("receiver", [1, 3], ids=["one-worker", "ps-only"])
-def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint_naming_it(reference, tmp_path, receiver):
-    """Workers agree on a stop at the end of an iteration; a PS rank forwards its signal to worker 0."""
+def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint_naming_it(reference, tmp_path, receiver,
+                                                                           monkeypatch):
+    """Workers agree on a stop at the end of an iteration; a PS rank forwards its signal to worker 0.
+
+    The PS never sleeps in its barrier here (as under MPICH with a core per
+    rank): its handler must still run between its tests of the barrier.
+    """
+    monkeypatch.setenv("HYBRID_PS_POLL_US", "0")
     checkpoints, log = tmp_path / "checkpoints", tmp_path / "log.jsonl"
     status, output = mpi_jobs.act_mid_run(
         MPIRUN + _train_args(reference / "store", checkpoints, log, "train.checkpoint_every=0"),
