@@ -4,6 +4,7 @@ import sys
 import pytest
 
 from hybrid.data.synthetic import synthesize
+from hybrid.runtime import launch_facts
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +57,11 @@ _CONFIG = []
 
 
 def pytest_configure(config):
+    """Under ``--with-mpi``, decide how the ranks wait before the test modules start MPI, as ``hybrid train``
+    does: under MPICH where ranks share cores they then yield (docs/cluster.md, "How ranks wait")."""
     _CONFIG[:] = [config]
+    if _under_mpi(config):
+        launch_facts.prepare()
 
 
 _MPI_IN_PYTEST = ("imported mpi4py.MPI into the pytest process, which makes it an MPI process: every mpirun a later "
