@@ -4,11 +4,12 @@
 #
 # preprocess.sbatch converts a Criteo-format file on 3 ranks into the store one process writes.
 # hetjob.sbatch runs its two components on the cluster's two nodes.
-# Each training template trains a small W1 smoke run with `sbatch --wait`; then each is stopped
-# mid-run by a SIGTERM the way a time limit or a preemption sends it (single-node: to the
-# batch shell, as --signal=B:TERM does; train.sbatch: to the ranks, as --signal=TERM does).
-# The job must checkpoint, exit 0, requeue itself, and its second run must resume from the
-# checkpoint and finish the run. Needs root; prints SKIPPED and exits 0 otherwise.
+# Each training template trains a small W1 smoke run with `sbatch --wait`, stopped mid-run by a
+# SIGTERM the way a time limit or a preemption sends it (single-node: to the batch shell, as
+# --signal=B:TERM does; train.sbatch: to the ranks, as --signal=TERM does). The job must
+# checkpoint, exit 0, requeue itself, and its second run must resume from the checkpoint and
+# finish the run; both runs must say how they were launched. Needs root; prints SKIPPED and exits
+# 0 otherwise.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
@@ -34,29 +35,10 @@ fail() {
     exit 1
 }
 
-# submit_and_wait NAME TEMPLATE ITERATIONS LAUNCHED: a plain run to the end, launched as LAUNCHED says.
-submit_and_wait() {
-    local name=$1 template=$2 iterations=$3 launched=$4 status=0
-    echo "== $template: $iterations iterations"
-    timeout "$WAIT" sbatch --wait --parsable --ntasks=4 -o "$work/$name.out" "launch/slurm/$template" \
-        configs/w1-smoke.yaml "data.path=$work/store" train.batch_per_worker=16 "train.iterations=$iterations" \
-        "train.checkpoint_dir=$work/ck-$name" > "$work/$name.id" || status=$?
-    jobs_run+=("$(cat "$work/$name.id")")
-    [ "$status" -eq 0 ] || fail "$template exited $status"
-    grep -q "w1-smoke herald: 3 workers + 1 PS, $iterations iterations" "$work/$name.out" \
-        || fail "$template did not report $iterations iterations"
-    # 4 ranks on this machine's cores: each rank decides to yield while it waits in MPI (docs/cluster.md)
-    if [ "$(nproc)" -lt 8 ]; then
-        grep -q "launched by $launched on .*MPI yields while idle (hybrid: 4 ranks x 2 threads >" "$work/$name.out" \
-            || fail "$template: its ranks did not report '$launched' and yielding"
-    fi
-    echo "ok: $(grep 'w1-smoke herald' "$work/$name.out")"
-    echo "ok: $(grep -o 'launched by .*' "$work/$name.out")"
-}
-
-# preempt_and_resume NAME TEMPLATE SCANCEL_OPTION SIGNAL_SEEN: stopped after 30 iterations, requeued, resumed.
+# preempt_and_resume NAME TEMPLATE SCANCEL_OPTION SIGNAL_SEEN LAUNCHED: stopped after 30 iterations,
+# requeued, resumed to the end; both runs launched as LAUNCHED says.
 preempt_and_resume() {
-    local name=$1 template=$2 option=$3 seen=$4 id status=0 iterations=300
+    local name=$1 template=$2 option=$3 seen=$4 launched=$5 id status=0 iterations=300
     echo "== $template: SIGTERM ($option) mid-run, requeue, resume"
     timeout "$WAIT" sbatch --wait --parsable --ntasks=4 -o "$work/$name.out" "launch/slurm/$template" \
         configs/w1-smoke.yaml "data.path=$work/store" train.batch_per_worker=16 "train.iterations=$iterations" \
@@ -76,6 +58,12 @@ preempt_and_resume() {
     grep -Eq "stopped by $seen on rank [0-9]+ after iteration" "$work/$name.out" || fail "$template did not stop on $seen"
     grep -q "requeueing job $id" "$work/$name.out" || fail "$template did not requeue itself"
     grep -q "resuming from $work/ck-$name/step-" "$work/$name.out" || fail "the requeued run did not resume"
+    # 4 ranks on this machine's cores: each rank decides to yield while it waits in MPI (docs/cluster.md)
+    if [ "$(nproc)" -lt 8 ]; then
+        [ "$(grep -c "launched by $launched on .*MPI yields while idle (hybrid: 4 ranks x 2 threads >" \
+            "$work/$name.out")" = 2 ] || fail "$template: its two runs did not report '$launched' and yielding"
+    fi
+    echo "ok: $(grep -o 'launched by .*' "$work/$name.out" | tail -1)"
     python - "results/$id-0.json" "results/$id-1.json" "$iterations" <<'PY' || fail "$template: runs do not add up"
 import json, sys
 first, second = (json.load(open(p)) for p in sys.argv[1:3])
@@ -138,8 +126,6 @@ PY
 
 preprocess_on_ranks
 het_job
-submit_and_wait single single-node.sbatch 30 "$plain_launcher via single-node.sbatch"
-submit_and_wait srun train.sbatch 30 "srun via train.sbatch"
-preempt_and_resume single-preempted single-node.sbatch -b SIGUSR1
-preempt_and_resume srun-preempted train.sbatch "" SIGTERM
+preempt_and_resume single single-node.sbatch -b SIGUSR1 "$plain_launcher via single-node.sbatch"
+preempt_and_resume srun train.sbatch "" SIGTERM "srun via train.sbatch"
 echo "Slurm templates: all passed ($MPI_FAMILY)"
