@@ -83,6 +83,7 @@ def _resume_and_compare(reference: Path, checkpoints: Path, tmp_path: Path, *ext
     return output
 
 
+@pytest.mark.any_mpi_family  # a killed rank under each family: test_mpi_failfast.py
 @pytest.mark.parametrize("victim", [1, 3], ids=["worker", "ps"])
 def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_model(reference, tmp_path, victim):
     checkpoints = tmp_path / "checkpoints"
@@ -114,6 +115,7 @@ def test_sigterm_to_the_launcher_checkpoints_exits_0_and_the_run_resumes(referen
     _resume_and_compare(reference, checkpoints, tmp_path, f"train.checkpoint_every={ITERATIONS}")
 
 
+@pytest.mark.any_mpi_family
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(reference, tmp_path):
     checkpoints = tmp_path / "checkpoints"
     shutil.copytree(reference / "checkpoints", checkpoints)
@@ -128,6 +130,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(reference, 
     assert "resuming from" in output and "step-000000119 (after iteration 119)" in output, output
 
 
+@pytest.mark.any_mpi_family
 def test_a_checkpoint_of_another_config_is_refused_and_a_finished_run_is_left_alone(reference, tmp_path):
     args = _train_args(reference / "store", reference / "checkpoints", tmp_path / "log.jsonl", "--resume")
     result = _run(*args, "train.embedding_lr=0.2")
@@ -159,6 +162,7 @@ def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint_naming_it(refer
     assert [p.name for p in checkpoints.iterdir()] == [f"step-{last:09d}"]
 
 
+@pytest.mark.any_mpi_family  # the signal's way to the ranks under each family: the tests above
 @pytest.mark.parametrize("mode", ["het", "fae"])
 def test_a_signal_stops_het_and_fae_runs_at_one_iteration_without_a_checkpoint(reference, tmp_path, mode):
     """Modes whose workers hold updates the PS lacks are not checkpointed: every worker ends, exit 0, said so."""
