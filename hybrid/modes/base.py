@@ -60,7 +60,7 @@ class WorkerContext:
     roles: "Roles"
     table: "EmbeddingStore"  # the PS tier (every rank's windows)
     data: BatchStore  # the training split
-    hvd: object  # horovod.torch, initialized on the workers' communicator
+    hvd: object  # the workers' collectives: horovod.torch on their communicator, or comm.MpiCollectives
     evaluate: Callable[..., Optional[dict]]  # (store, limit=None): the loop's evaluation, collective over workers
 
     @property

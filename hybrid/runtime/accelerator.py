@@ -13,7 +13,8 @@ docs/training.md ("GPU") says how these are chosen; in short:
   what all of them report. CPU workers under MPICH whose ranks share cores
   sum the host buffer with MPI on the workers' communicator instead of
   Horovod (``train.allreduce=mpi``): Horovod's coordination cycle would make
-  every iteration wait for it (docs/cluster.md, "MPICH").
+  every iteration wait for it (docs/cluster.md, "MPICH"). Workers without
+  Horovod (``mpi``, or ``auto`` where it is not installed) sum the same way.
 - Staging: the worker's cache lives in host memory (RMA writes into it), so
   each iteration's rows and inputs cross to the GPU and the rows' gradients
   come back. They go through pinned (page-locked) host memory, to the GPU on
@@ -75,7 +76,8 @@ class AllreduceChoice:
 
 
 def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: bool, cpu_backend: str,
-                     mpich_yields: Optional[list[bool]] = None) -> AllreduceChoice:
+                     mpich_yields: Optional[list[bool]] = None,
+                     without_horovod: Optional[str] = None) -> AllreduceChoice:
     """The allreduce for ``train.allreduce`` given every worker's :func:`gpu_identity`.
 
     Every worker passes the same gathered lists, so every worker chooses
@@ -83,6 +85,9 @@ def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: b
     backend Horovod uses for host tensors (mpi or gloo). ``mpich_yields``:
     per worker, whether its MPICH waits yield because its host's ranks share
     cores (``hybrid._ext.mpi_yield``); where all do, CPU workers sum by MPI.
+    ``without_horovod``: why the workers run without Horovod
+    (hybrid.runtime.comm.worker_collectives), None where they loaded it;
+    then they sum by MPI, through host memory.
     """
     if wanted not in ALLREDUCES:
         raise AcceleratorError(f"train.allreduce: expected one of {', '.join(ALLREDUCES)}, got {wanted!r}")
@@ -92,6 +97,8 @@ def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: b
                                "or set train.device=cpu")
     if wanted == "mpi":
         return AllreduceChoice(True, "mpi", "asked for (train.allreduce=mpi)", by_mpi=True)
+    if without_horovod is not None:
+        return AllreduceChoice(True, "mpi", without_horovod, by_mpi=True)
     if not on_gpus:
         if wanted == "host":
             return AllreduceChoice(True, cpu_backend, "asked for (train.allreduce=host)")
@@ -112,23 +119,6 @@ def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: b
     if not nccl_built:
         return AllreduceChoice(True, cpu_backend, "this Horovod was built without NCCL")
     return AllreduceChoice(False, "nccl", "one GPU per worker")
-
-
-class CommunicatorSum:
-    """``allreduce_`` and ``Sum`` as :class:`HostStagedOptimizer` calls Horovod's, done by MPI on ``comm``
-    (the workers' communicator) in the calling thread: the sum starts when the last worker calls it,
-    not at the next tick of Horovod's coordination cycle."""
-
-    Sum = "sum"
-
-    def __init__(self, comm):
-        self.comm = comm
-
-    def allreduce_(self, tensor: torch.Tensor, op: str, name: str) -> torch.Tensor:
-        from mpi4py import MPI  # only a rank sums: the unit tests' process never loads MPI
-
-        self.comm.Allreduce(MPI.IN_PLACE, tensor.numpy(), op=MPI.SUM)
-        return tensor
 
 
 class HostStagedOptimizer:

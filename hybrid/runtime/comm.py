@@ -8,10 +8,14 @@ the same config and read the same data: a mismatch would deadlock or
 silently diverge, so it stops every rank with one message instead.
 
 This module and ``rma_store`` (the windows) are the only ones that touch
-MPI; Horovod is imported here, lazily, so data tools run without it.
+MPI; Horovod is imported here, lazily, so data tools run without it, and
+training runs without it too: :class:`MpiCollectives` does what the
+runtime asks of Horovod with MPI (``train.allreduce=mpi``, or ``auto``
+where Horovod is not installed; docs/training.md, "GPU").
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -219,6 +223,30 @@ def abort_job(code: int) -> None:
     MPI.COMM_WORLD.Abort(code)
 
 
+def worker_collectives(roles: Roles, allreduce: str):
+    """The workers' collectives (allreduce, broadcast, local rank): Horovod's, or :class:`MpiCollectives`.
+
+    ``train.allreduce=mpi`` never loads Horovod. Otherwise the workers load it
+    where every one of them has it installed; where one has not, ``auto``
+    gives every worker MPI's collectives and ``horovod``/``host`` are refused,
+    naming the workers. The workers decide together: a sum that some run
+    through Horovod and others through MPI would never complete. None on PS
+    ranks, which never join a workers' collective.
+    """
+    if roles.is_ps:
+        return None
+    if allreduce == "mpi":
+        return MpiCollectives(roles.workers, "asked for (train.allreduce=mpi)")
+    installed = roles.workers.allgather(importlib.util.find_spec("horovod") is not None)
+    if all(installed):
+        return init_horovod(roles)
+    missing = ", ".join(str(w) for w, found in enumerate(installed) if not found)
+    if allreduce != "auto":
+        raise RoleError(f"train.allreduce={allreduce} needs Horovod, which worker(s) {missing} cannot import "
+                        f"(launch/setup.sh builds it); train.allreduce=auto or mpi sums with MPI instead")
+    return MpiCollectives(roles.workers, f"Horovod is not installed (worker(s) {missing})")
+
+
 def init_horovod(roles: Roles):
     """``hvd.init`` on the workers' communicator; returns the module (None on PS ranks)."""
     if roles.is_ps:
@@ -230,3 +258,67 @@ def init_horovod(roles: Roles):
     if hvd.size() != roles.n_workers:
         raise RoleError(f"Horovod sees {hvd.size()} workers, expected {roles.n_workers}")
     return hvd
+
+
+class MpiCollectives:
+    """What the runtime asks of ``horovod.torch``, done by MPI on the workers' communicator.
+
+    Each sum starts when the last worker calls it, in the calling thread (no
+    coordination cycle to wait for), over host memory: GPU tensors are
+    staged by the caller (hybrid.runtime.accelerator.HostStagedOptimizer).
+    One ``MPI_Allreduce`` gives every worker the same sum, so replicas that
+    apply it (FAE's hot rows, the MLP) stay equal. ``reason`` says why the
+    run uses it; the training summary prints it.
+    """
+
+    Sum = "sum"
+
+    def __init__(self, workers: MPI.Comm, reason: str):
+        self.comm, self.reason = workers, reason
+        machines = workers.allgather(_machine_id())
+        self._local_rank = machines[:workers.rank].count(machines[workers.rank])
+
+    def size(self) -> int:
+        return self.comm.size
+
+    def rank(self) -> int:
+        return self.comm.rank
+
+    def local_rank(self) -> int:
+        """This worker's index among the workers of its machine (which GPU it takes)."""
+        return self._local_rank
+
+    def nccl_built(self) -> bool:
+        return False
+
+    def gloo_enabled(self) -> bool:
+        return False
+
+    def allreduce_(self, tensor, op: str = Sum, name: str = "") -> object:
+        """Sum a contiguous host ``tensor`` over the workers, in place."""
+        self._check(tensor, op)
+        self.comm.Allreduce(MPI.IN_PLACE, tensor.numpy(), op=MPI.SUM)
+        return tensor
+
+    def allreduce(self, tensor, op: str = Sum, name: str = "") -> object:
+        """The sum of a host ``tensor`` over the workers, as a new tensor."""
+        return self.allreduce_(tensor.detach().clone().contiguous(), op, name)
+
+    def broadcast_parameters(self, state: dict, root_rank: int) -> None:
+        """Every tensor of ``state`` from worker ``root_rank`` (through host memory for GPU tensors)."""
+        import torch  # workers only
+
+        for tensor in state.values():
+            host = tensor.detach().cpu().contiguous()
+            self.comm.Bcast(host.numpy(), root=root_rank)
+            if self.comm.rank != root_rank:
+                with torch.no_grad():
+                    tensor.copy_(host)
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the communicator belongs to :class:`Roles`."""
+
+    def _check(self, tensor, op: str) -> None:
+        if op != self.Sum or tensor.device.type != "cpu" or not tensor.is_contiguous():
+            raise ValueError(f"MpiCollectives sums contiguous host tensors only (op {op!r}, {tensor.device})")
+

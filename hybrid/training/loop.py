@@ -70,7 +70,7 @@ from hybrid.lr_schedule import RateSchedule, set_rate
 from hybrid.models import build_model, dense_optimizer
 from hybrid.runtime import accelerator
 from hybrid.runtime import checkpoint as ckpt
-from hybrid.runtime.comm import Roles, init_horovod
+from hybrid.runtime.comm import MpiCollectives, Roles, worker_collectives
 from hybrid.runtime.embedding_init import fill_initial_runs
 from hybrid.runtime.preemption import StopRequest, describe
 from hybrid.runtime.reshard import ShardFiles, checkpoint_plan, cold_start, same_layout
@@ -160,7 +160,7 @@ class HybridTrainer:
                                     init=self._initial_rows(resume, plan), transport=config.cluster.transport.value,
                                     spin_seconds=0.0 if roles.oversubscribed else 0.002,
                                     versions=mode.store_versions, plan=plan, poll_seconds=roles.poll_seconds)
-        self.hvd = init_horovod(roles)
+        self.hvd = worker_collectives(roles, config.train.allreduce)  # horovod.torch, or MpiCollectives
         self.last_loss = 0.0
         self.start_wait_seconds = 0.0  # workers: the wait for the others before the clock starts (job._train)
         self._served = False  # the workers have released the PS ranks (end_service)
@@ -184,7 +184,8 @@ class HybridTrainer:
                                                                  mpi_yield.active())))
         self.allreduce = accelerator.choose_allreduce(
             config.train.allreduce, list(identities), nccl_built=bool(self.hvd.nccl_built()),
-            cpu_backend="gloo" if self.hvd.gloo_enabled() else "mpi", mpich_yields=list(mpich_yields))
+            cpu_backend="gloo" if self.hvd.gloo_enabled() else "mpi", mpich_yields=list(mpich_yields),
+            without_horovod=self.hvd.reason if isinstance(self.hvd, MpiCollectives) else None)
         self.optimizer = self._dense_optimizer()
         self.resume_arrays = None
         if resume is not None:
@@ -243,8 +244,9 @@ class HybridTrainer:
         """
         local = dense_optimizer(self.config, self.model.parameters())
         if self.allreduce.by_mpi:
-            return accelerator.HostStagedOptimizer(local, accelerator.CommunicatorSum(self.roles.workers),
-                                                   list(self.model.parameters()))
+            collectives = self.hvd if isinstance(self.hvd, MpiCollectives) else \
+                MpiCollectives(self.roles.workers, self.allreduce.reason)
+            return accelerator.HostStagedOptimizer(local, collectives, list(self.model.parameters()))
         if self.allreduce.host_staged:
             return accelerator.HostStagedOptimizer(local, self.hvd, list(self.model.parameters()))
         return self.hvd.DistributedOptimizer(local, named_parameters=self.model.named_parameters(), op=self.hvd.Sum,

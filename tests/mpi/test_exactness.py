@@ -67,12 +67,13 @@ def _small_float64_run(store_path, n_ps: int, *overrides) -> None:
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["vanilla", "herald", "het"])
+@pytest.mark.parametrize("mode", ["vanilla", "herald", "het", "vanilla+train.embedding_optimizer=rowwise_adagrad"])
 @pytest.mark.parametrize("allreduce", ["host", "mpi"])
 def test_the_host_staged_allreduce_equals_the_reference(store_path, mode, allreduce):
-    """The fallback for workers that share a GPU (host), and MPICH's sum where ranks share cores (mpi),
-    run on CPU workers: the same model as Horovod's sum."""
-    _small_float64_run(store_path, 1, f"scheduler.mode={mode}", f"train.allreduce={allreduce}", "train.device=cpu")
+    """The fallback for workers that share a GPU (host), and the sum without Horovod (mpi: MPICH where ranks
+    share cores, or no Horovod installed), run on CPU workers: the same model as Horovod's sum. Row-wise
+    Adagrad in vanilla also sums the shared rows' gradients over the workers."""
+    _small_float64_run(store_path, 1, *case_overrides(mode), f"train.allreduce={allreduce}", "train.device=cpu")
 
 
 @pytest.mark.mpi(min_size=3)
@@ -89,6 +90,7 @@ def test_rowwise_adagrad_equals_the_single_process_reference_rows_and_accumulato
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU workers need a CUDA device (none here)")
 @pytest.mark.parametrize("mode", ["vanilla", "herald", "het"])
 @pytest.mark.parametrize("model", ["dlrm", "wide_deep", "deepfm", "dcn", "ncf"])

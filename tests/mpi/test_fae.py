@@ -58,10 +58,13 @@ def _train(config, store):
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="GPU workers need a CUDA device (none here)"))])
-def test_fae_equals_the_reference_on_its_own_order_and_the_simulation_counts_it(store_path, device):
-    config = _config(store_path, f"train.device={device}")
+@pytest.mark.parametrize("device,allreduce", [
+    ("cpu", "auto"), ("cpu", "mpi"),
+    pytest.param("cuda", "auto", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="GPU workers need a CUDA device (none here)")])])
+def test_fae_equals_the_reference_on_its_own_order_and_the_simulation_counts_it(store_path, device, allreduce):
+    """With train.allreduce=mpi the hot rows' gradients are summed without Horovod (comm.MpiCollectives)."""
+    config = _config(store_path, f"train.device={device}", f"train.allreduce={allreduce}")
     store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
     result, pulls, pushes = _train(config, store)
     if MPI.COMM_WORLD.rank != 0:
