@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything the project needs on a fresh Debian machine:
 # an MPI (Open MPI, or MPICH where asked), a virtualenv, pinned PyTorch,
-# Horovod 0.28.1 built with C++17 against that MPI, the package itself
+# Horovod 0.28.1 built with PyTorch's C++ standard against that MPI, the package itself
 # (Cython extensions) and the test tools.
 #
 # A second run only checks: nothing is rebuilt when it already imports.
@@ -23,9 +23,14 @@
 #                     on a machine with network: bash launch/setup.sh --download
 #   HYBRID_SKIP_HOROVOD=1  skip Horovod (training then needs horovod installed otherwise)
 #   HOROVOD_GPU_OPERATIONS  overrides the choice above (NCCL on GPU hosts, empty otherwise)
+#   HOROVOD_BUILD_CUDA_CC_LIST  the compute capabilities Horovod's CUDA kernels are built for (default
+#                     on GPU hosts: those nvidia-smi lists, e.g. 90; Horovod's own default is every
+#                     one nvcc knows, a dozen with CUDA 13)
 # Options:
 #   --plan      print what would be installed and from where, change nothing
 #   --download  download every package into HYBRID_WHEEL_DIR for a later HYBRID_OFFLINE=1 run
+#   --horovod-wheel  only build Horovod's wheel into the wheel cache, installing nothing (a later plain
+#               run installs it): the GPU check builds it while other stages run
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,18 +47,14 @@ case "${1:-}" in
     "") ;;
     --plan) ACTION=plan ;;
     --download) ACTION=download ;;
-    *) printf '[setup] unknown option %s (expected --plan or --download)\n' "$1" >&2; exit 2 ;;
+    --horovod-wheel) ACTION=horovod-wheel ;;
+    *) printf '[setup] unknown option %s (expected --plan, --download or --horovod-wheel)\n' "$1" >&2; exit 2 ;;
 esac
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 
-# pip, quiet, without the "Location ... is ignored" lines some machines' pip config causes.
-pip_quiet() {
-    local status
-    "$PY" -m pip --disable-pip-version-check -q "$@" 2>&1 | { grep -v '^WARNING: Location' || true; } >&2
-    status=${PIPESTATUS[0]}
-    return "$status"
-}
+# shellcheck source=launch/pip_quiet.sh
+source "$ROOT/launch/pip_quiet.sh"
 
 # Where pip takes packages from: the index, or (offline) the wheel directory alone.
 pip_install() {
@@ -312,7 +313,8 @@ install_python_deps() {
 nccl_from_wheel() {
     [ -n "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}" ] && return
     local dir
-    dir=$("$PY" -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) or list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
+    # nvidia.nccl is a namespace package (no __init__.py, no __file__): its __path__ says where it is
+    dir=$("$PY" -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
     [ -n "$dir" ] && [ -f "$dir/include/nccl.h" ] || return 0
     mkdir -p "$1/lib"
     ln -sf "$dir"/lib/libnccl.so.* "$1/lib/"
@@ -320,18 +322,61 @@ nccl_from_wheel() {
     export HOROVOD_NCCL_INCLUDE="$dir/include" HOROVOD_NCCL_LIB="$1/lib"
 }
 
-# Horovod 0.28.1 hard-codes -std=c++14, but PyTorch >= 2.1 headers need C++17.
+# The CUDA toolkit Horovod builds against (HOROVOD_CUDA_HOME, and CUDA_HOME for PyTorch's helpers),
+# from nvcc itself: CMake and PyTorch guess the toolkit from nvcc's directory, which is wrong where nvcc
+# on PATH is a wrapper script elsewhere (/usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc
+# was seen: both then looked for cudart under /usr/local).
+cuda_home() {
+    local top
+    if [ -z "${HOROVOD_CUDA_HOME:-}" ] && command -v nvcc >/dev/null 2>&1; then
+        top=$(nvcc --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)
+        [ -n "$top" ] && [ -x "$top/bin/nvcc" ] && export HOROVOD_CUDA_HOME=$(cd "$top" && pwd)
+    fi
+    [ -x "${HOROVOD_CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] || {
+        say "building Horovod with $GPU_OPS needs the CUDA toolkit (nvcc): put it on PATH or set"
+        say "  HOROVOD_CUDA_HOME; or HYBRID_GPU=0 for CPU workers"
+        exit 1
+    }
+    export HOROVOD_CUDA_HOME=${HOROVOD_CUDA_HOME:-/usr/local/cuda}
+    export CUDA_HOME=${CUDA_HOME:-$HOROVOD_CUDA_HOME}  # PyTorch's extension helpers, which Horovod asks for cudart
+}
+
+# Horovod builds its CUDA kernels for every compute capability nvcc knows unless told which: a dozen
+# with CUDA 13, minutes on a host. Default: those of the GPUs nvidia-smi lists ("9.0" -> 90).
+cuda_cc_list() {
+    [ -n "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ] && return
+    local cc
+    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d '. ' | sort -u | paste -sd, - || true)
+    if [[ "$cc" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+        export HOROVOD_BUILD_CUDA_CC_LIST=$cc
+    fi
+}
+
+# The C++ standard PyTorch's headers need: what its own extension builder passes (17 up to 2.13;
+# 2.14's headers use std::strong_ordering, C++20).
+torch_cxx_standard() {
+    "$PY" -c "import inspect, re, torch.utils.cpp_extension as c
+found = re.findall(r'-std=c\+\+(\d\d)', inspect.getsource(c))
+print(max(found, key=int) if found else 17)" 2>/dev/null || echo 17
+}
+
+# Horovod 0.28.1 hard-codes -std=c++14, but PyTorch >= 2.1 headers need C++17 (2.14: C++20).
 # A compiler wrapper rewrites the flag; everything else goes to the real g++.
 # CMAKE_POLICY_VERSION_MINIMUM: its gloo and flatbuffers ask for CMake 2.8, which CMake >= 4 (pip's
 # cmake, first on PATH in an activated venv) refuses.
 build_horovod_wheel() {
     local wrapdir
     wrapdir=$(mktemp -d)
-    cat >"$wrapdir/g++" <<'WRAP'
+    sed "s/@STD@/$(torch_cxx_standard)/" >"$wrapdir/g++" <<'WRAP'
 #!/usr/bin/env bash
+# nvcc runs this as its host compiler on Horovod's CUDA kernels (C++11, no PyTorch headers): those
+# calls go through unchanged, since nvcc's front end parses what they preprocess in its own -std.
+for a in "$@"; do
+    case "$a" in -D__CUDACC__|-D__NVCC__|*.cudafe1.cpp) exec /usr/bin/g++ "$@" ;; esac
+done
 args=()
 for a in "$@"; do
-    case "$a" in -std=c++14|-std=c++11|-std=gnu++14) a=-std=c++17 ;; esac
+    case "$a" in -std=c++14|-std=c++11|-std=gnu++14) a=-std=c++@STD@ ;; esac
     args+=("$a")
 done
 # GCC 13 no longer includes <string>, <cstdint> and <stdexcept> through other headers; Horovod
@@ -345,15 +390,12 @@ WRAP
     ln -s "$(command -v "$MPIEXEC")" "$wrapdir/mpirun"
     ln -s "$(command -v "$MPIEXEC")" "$wrapdir/mpiexec"
     if [ -n "$GPU_OPS" ]; then
-        command -v nvcc >/dev/null 2>&1 || [ -x "${HOROVOD_CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] || {
-            say "building Horovod with $GPU_OPS needs the CUDA toolkit (nvcc): put it on PATH or set"
-            say "  HOROVOD_CUDA_HOME; or HYBRID_GPU=0 for CPU workers"
-            exit 1
-        }
+        cuda_home
         nccl_from_wheel "$wrapdir/nccl"
+        cuda_cc_list
     fi
     mkdir -p "$HOROVOD_DIR"
-    say "building Horovod $HOROVOD_VERSION with C++17 against $MPI${GPU_OPS:+ and $GPU_OPS} (takes about 5 minutes)"
+    say "building Horovod $HOROVOD_VERSION with C++$(torch_cxx_standard) against $MPI${GPU_OPS:+ and $GPU_OPS}${HOROVOD_BUILD_CUDA_CC_LIST:+ for compute capability $HOROVOD_BUILD_CUDA_CC_LIST}${HOROVOD_CUDA_HOME:+ with CUDA from $HOROVOD_CUDA_HOME} (takes about 5 minutes)"
     local log="$HOROVOD_DIR/horovod-build.log" sources=()
     [ "$OFFLINE" = 1 ] && sources=(--no-index --find-links "$WHEEL_DIR")
     if ! PATH="$wrapdir:$PATH" CXX="$wrapdir/g++" CC=/usr/bin/gcc \
@@ -385,26 +427,31 @@ horovod_ok() {
     fi
 }
 
-install_horovod() {
-    if [ "${HYBRID_SKIP_HOROVOD:-0}" = 1 ] || horovod_ok; then
-        return
-    fi
+# The cached Horovod wheel for this torch build (HOROVOD_WHEEL), built where missing.
+horovod_wheel() {
     # The wheel links against this torch build: cache it per torch version.
-    local wheel stamp="$HOROVOD_DIR/${TORCH_PIN/==/-}.stamp"
-    wheel=$(ls "$HOROVOD_DIR"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n 1 || true)
+    local stamp="$HOROVOD_DIR/${TORCH_PIN/==/-}.stamp"
+    HOROVOD_WHEEL=$(ls "$HOROVOD_DIR"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n 1 || true)
     # Horovod's own requirements, before any build: its setup_requires would fetch cffi from the network.
     "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi
-    if [ -z "$wheel" ] || [ ! -f "$stamp" ]; then
+    if [ -z "$HOROVOD_WHEEL" ] || [ ! -f "$stamp" ]; then
         rm -f "$HOROVOD_DIR"/horovod-*.whl
         "${PIP[@]}" cmake
         build_horovod_wheel
         touch "$stamp"
-        wheel=$(ls "$HOROVOD_DIR"/horovod-"$HOROVOD_VERSION"-*.whl | head -n 1)
+        HOROVOD_WHEEL=$(ls "$HOROVOD_DIR"/horovod-"$HOROVOD_VERSION"-*.whl | head -n 1)
     fi
-    say "installing $wheel"
-    "${PIP[@]}" --no-deps --force-reinstall "$wheel"
-    horovod_ok || { say "Horovod installed from $wheel but 'import horovod.torch' fails${GPU_OPS:+ or has no $GPU_OPS}"
-                    say "  or it links another MPI: remove $wheel and run this again"; exit 1; }
+}
+
+install_horovod() {
+    if [ "${HYBRID_SKIP_HOROVOD:-0}" = 1 ] || horovod_ok; then
+        return
+    fi
+    horovod_wheel
+    say "installing $HOROVOD_WHEEL"
+    "${PIP[@]}" --no-deps --force-reinstall "$HOROVOD_WHEEL"
+    horovod_ok || { say "Horovod installed from $HOROVOD_WHEEL but 'import horovod.torch' fails${GPU_OPS:+ or has no $GPU_OPS}"
+                    say "  or it links another MPI: remove $HOROVOD_WHEEL and run this again"; exit 1; }
 }
 
 # Rebuild the Cython kernels only when their sources or setup.py changed.
@@ -450,6 +497,15 @@ install_mpi
 horovod_dir
 make_venv
 install_torch
+if [ "$ACTION" = horovod-wheel ]; then
+    if horovod_ok; then
+        say "Horovod already imports in $VENV: nothing to build"
+    else
+        horovod_wheel
+        say "Horovod's wheel is ready: $HOROVOD_WHEEL (a run without --horovod-wheel installs it)"
+    fi
+    exit 0
+fi
 upgrade_pip
 install_mpi4py
 install_python_deps

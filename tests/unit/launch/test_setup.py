@@ -179,3 +179,19 @@ def test_system_pytorch_in_a_venv_is_seen_from_the_new_venv(tmp_path):
                     HYBRID_VENV=str(new_venv), PATH=f"{sys.prefix}/bin:{os.environ['PATH']}")
     assert result.returncode == 1, result.stderr
     assert f"but torch {torch.__version__} is a CPU build" in result.stderr, result.stderr
+
+
+@pytest.mark.skipif(bool(_no_network_namespace()), reason=_no_network_namespace() or "runs")
+def test_building_horovods_wheel_where_it_already_imports_builds_and_installs_nothing(tmp_path):
+    """The GPU check's background step (setup.sh --horovod-wheel) on a venv that has Horovod: says so, offline."""
+    result = _setup(tmp_path, "--horovod-wheel", offline_namespace=True, HYBRID_OFFLINE="1",
+                    HYBRID_WHEEL_DIR=str(tmp_path / "wheels"))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"[setup] Horovod already imports in {sys.prefix}: nothing to build"
+    assert not (tmp_path / "wheels").exists()
+
+
+def test_an_unknown_option_names_the_options(tmp_path):
+    result = _setup(tmp_path, "--horovod")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "[setup] unknown option --horovod (expected --plan, --download or --horovod-wheel)"
