@@ -6,7 +6,8 @@ rewrite the results section of a page (docs/results.md) from it. ``e2e``
 runs training across emulated hosts (root), ``sharding`` and ``ps`` run under
 mpirun, ``train`` times ``hybrid train`` itself and ``launch`` the same
 training through every launch path the machine has; ``preprocess`` times
-``hybrid preprocess`` against pyarrow's floor and across processes.
+``hybrid preprocess`` against pyarrow's floor and across processes, and
+``plain`` a config's model and data in one plain PyTorch process.
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ def cmd_bench(args) -> int:
         return cmd_bench_launch(args)
     if args.name == "preprocess":
         return cmd_bench_preprocess(args)
+    if args.name == "plain":
+        return cmd_bench_plain(args)
     return cmd_bench_ps(args)
 
 
@@ -192,13 +195,31 @@ def cmd_bench_launch(args) -> int:
     """``hybrid bench launch [CONFIG] [overrides]``: one training through every launch path this machine has."""
     from hybrid.bench import launch_bench
 
-    overrides = list(args.overrides)
-    config = overrides.pop(0) if overrides and "=" not in overrides[0] else args.config
+    config, overrides = _config_and_overrides(args)
     names = args.paths.split(",") if args.paths else None
     result = launch_bench.run(config=config, overrides=overrides, repeats=args.repeats, names=names, say=say)
     print(launch_bench.format_table(result), file=text_out(args))
     if args.json:
         print(json.dumps(result))
+    return 0
+
+
+def _config_and_overrides(args) -> tuple[str, list[str]]:
+    """CONFIG given first among the overrides (``hybrid bench launch configs/ml100k.yaml k=v``), else --config."""
+    overrides = list(args.overrides)
+    config = overrides.pop(0) if overrides and "=" not in overrides[0] else args.config
+    return config, overrides
+
+
+def cmd_bench_plain(args) -> int:
+    """``hybrid bench plain [CONFIG] [overrides]``: the model and data in one plain PyTorch process (the floor)."""
+    from hybrid.bench import plain_torch
+
+    config, overrides = _config_and_overrides(args)
+    results = [plain_torch.run(config_path=config, overrides=overrides, iterations=args.iterations or 0,
+                               threads=threads, say=_show(args)) for threads in args.threads]
+    if args.json:
+        print(json.dumps(results))
     return 0
 
 
@@ -235,19 +256,20 @@ def register(subparsers) -> None:
     """Add ``bench``: one parser for every benchmark, each option saying which ones read it."""
     p = subparsers.add_parser("bench", help="benchmarks: the paper's suites (transmissions, cache-size, scale, "
                                             "quality, scheduler; all; report), ps (under mpirun -n 2), sharding "
-                                            "(under mpirun -n 5), train, e2e (root), launch, preprocess")
+                                            "(under mpirun -n 5), train, e2e (root), launch, preprocess, plain")
     p.add_argument("name", choices=["transmissions", "cache-size", "scale", "quality", "scheduler", "report", "all",
-                                    "paper", "ps", "sharding", "train", "e2e", "launch", "preprocess"])
+                                    "paper", "ps", "sharding", "train", "e2e", "launch", "preprocess", "plain"])
     p.add_argument("--workers", type=_int_list, default=None,
                    help="scheduler, scale: worker counts (default 8,16,32,64,128); quality: 2,3,4,5,6")
-    p.add_argument("--threads", type=_int_list, default=(1, 2))
+    p.add_argument("--threads", type=_int_list, default=(1, 2),
+                   help="scheduler, plain: compute thread counts to time (default 1,2)")
     p.add_argument("--batch-per-worker", type=_int_list, default=(128,))
     p.add_argument("--laia", default="exact,chunked,cost",
                    help="scheduler: LAIA variants, of exact, chunked, cost (default: %(default)s)")
     p.add_argument("--iterations", type=int, default=None,
                    help="global batches per case, warm-up included except where said: transmissions, cache-size: "
                         "all (0); scale: 100; quality: 90 after 10 warm-up; scheduler: 30 timed after 10 warm-up; "
-                        "train: 200")
+                        "train: 200; plain: one pass, 5 of them warm-up")
     p.add_argument("--scale", type=float, default=0.01, help="scheduler: Criteo table scale of the synthetic data")
     p.add_argument("--ratios", type=_float_list, default=None, help="cache-size: cache ratios (default "
                                                                    "0.02,0.04,0.06,0.08,0.1)")
@@ -260,8 +282,8 @@ def register(subparsers) -> None:
     p.add_argument("--rows-per-op", type=int, default=8192, help="ps: rows per batched operation")
     p.add_argument("--transports", default="rma,packed", help="ps: store transports to time (default: %(default)s)")
     p.add_argument("--config", default="configs/w1-smoke.yaml",
-                   help="train, launch: the workload (default: %(default)s; launch also takes it first among "
-                        "the overrides)")
+                   help="train, launch, plain: the workload (default: %(default)s; launch and plain also take "
+                        "it first among the overrides)")
     p.add_argument("--sizes", default="smoke,full", help="train: the config's store and/or its full-cardinality "
                                                         "twin (default: %(default)s)")
     p.add_argument("--modes", default=None,
@@ -299,6 +321,6 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true",
                    help="print only the result as JSON on stdout (the tables and progress go to stderr)")
     p.add_argument("overrides", nargs="*",
-                   help="train, e2e, launch, transmissions, cache-size, scale: config overrides key=value "
-                        "(launch: CONFIG first)")
+                   help="train, e2e, launch, plain, transmissions, cache-size, scale: config overrides "
+                        "key=value (launch, plain: CONFIG first)")
     p.set_defaults(func=cmd_bench)

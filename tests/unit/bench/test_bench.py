@@ -1,5 +1,6 @@
 """Benchmarks run end to end on tiny inputs and report what they claim to."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -242,3 +243,37 @@ def test_train_bench_ratios_are_medians_of_paired_runs():
     assert ratios(rows, ("smoke", "full"), ("vanilla", "herald")) == {
         "full/smoke vanilla": 1.0, "full/smoke herald": 0.5,
         "herald/vanilla smoke": 1.2, "herald/vanilla full": 1.0}
+
+
+@pytest.fixture
+def tiny_store(tiny_config):
+    """The tiny config, its store made if no suite has made it yet."""
+    from hybrid.data.synthetic import synthesize
+
+    config = load_config(str(tiny_config), [])
+    if not (Path(config.data.path) / "meta.json").is_file():
+        synthesize(config.data.path, like="criteo-kaggle", rows=3000, scale=0.001, seed=1)
+    return tiny_config
+
+
+def test_the_plain_floor_trains_the_reference_model(tiny_store):
+    """bench plain is the same model on the same batches as the single-process reference (float64, SGD)."""
+    import numpy as np
+
+    from hybrid.bench.plain_torch import train_plain
+    from hybrid.training.reference import train_reference
+
+    config = load_config(str(tiny_store), ["model.precision=float64", "train.embedding_lr=0.5"])
+    store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
+    table, model, _, _ = train_plain(config, store, 12)
+    expected_table, expected_model = train_reference(config, store, 12)
+    assert np.abs(table - expected_table).max() < 1e-12
+    for got, want in zip(model.parameters(), expected_model.parameters()):
+        assert (got - want).abs().max().item() < 1e-12
+
+
+def test_bench_plain_reports_each_thread_count(tiny_store, capsys):
+    assert main(["bench", "plain", str(tiny_store), "--threads", "1,2", "--iterations", "8", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert [r["threads"] for r in results] == [1, 2]
+    assert all(r["iterations"] == 3 and r["samples_per_s"] > 0 and r["global_batch"] == 32 for r in results)
