@@ -28,6 +28,12 @@ python -m pytest -q -p no:cacheprovider tests/robustness
 stage "real data"
 hybrid fetch movielens-100k --out data/ml-100k
 
+# The GPU check (docs/gpu.md) rehearsed on this CPU: every stage of launch/gpu_check.sh at tiny sizes,
+# with a stand-in nvidia-smi, so that the one command a GPU host runs reaches it working. It fails
+# unless every stage ran.
+stage "GPU check rehearsal"
+bash launch/gpu_check.sh --rehearse --out "$(mktemp -d -t hybrid-gpu-rehearsal-XXXXXX)"
+
 # 3 ranks: 2 workers + 1 PS and 1 worker + 2 PS; 4 ranks: 3 + 1 and 2 + 2; 5 ranks: 4 + 1 and 3 + 2.
 # A failing test prints its failure and aborts every rank (tests/conftest.py); a hanging test fails
 # after 300 s (pytest-timeout, pyproject.toml); HYBRID_MPI_TIMEOUT bounds the whole run regardless.

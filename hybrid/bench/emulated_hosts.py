@@ -20,6 +20,7 @@ Open MPI launches crashed writing hwloc's shared topology).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from typing import Optional
 from hybrid.runtime.mpi_family import of_venv
 
 SUBNET = "10.201.{net}.0/24"
+BURST_BYTES = 256 * 1024  # tbf's bucket up to 1 Gbit/s (LinkShape.burst_bytes)
 
 
 class EmulationUnavailable(RuntimeError):
@@ -58,6 +60,19 @@ class LinkShape:
 
     def label(self) -> str:
         return (self.rate or "unshaped") + (f"+{self.delay_ms:g}ms" if self.delay_ms else "")
+
+    def burst_bytes(self) -> int:
+        """tbf's bucket: 256 KiB, or 2 ms of traffic at the rate where that is more.
+
+        At 10 Gbit/s a 256 KiB bucket empties in 0.2 ms, less than the
+        kernel's timers can refill it in, and the link would run slower
+        than asked; up to 1 Gbit/s the bucket stays 256 KiB.
+        """
+        match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmg]?)bit", (self.rate or "").lower())
+        if match is None:
+            return BURST_BYTES
+        bits_per_s = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
+        return max(BURST_BYTES, int(bits_per_s / 8 * 0.002))
 
 
 def _run(*argv: str) -> None:
@@ -151,7 +166,7 @@ class EmulatedHosts:
             parent = ("parent", "1:1")
         if self.shape.rate is not None:
             _run(*prefix, "tc", "qdisc", "add", "dev", device, *parent, "handle", "10:", "tbf",
-                 "rate", self.shape.rate, "burst", "256kb", "latency", "50ms")
+                 "rate", self.shape.rate, "burst", str(self.shape.burst_bytes()), "latency", "50ms")
 
     def close(self) -> None:
         """Remove everything this object created, last first; safe to call twice."""

@@ -53,8 +53,8 @@ def _train_and_total(config, store, kinds: tuple, iterations: int = 40):
                                                  ("het", "ps", 0), ("het", "ps", 3)])
 @pytest.mark.parametrize("transport,device", [
     ("rma", "cpu"), ("packed", "cpu"),
-    pytest.param("rma", "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                          reason="GPU workers need a CUDA device (none here)"))])
+    pytest.param("rma", "cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="GPU workers need a CUDA device (none here)")])])
 def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, sync, staleness, transport, device):
     config = _config(store_path, f"scheduler.mode={mode}", f"scheduler.sync={sync}", f"cluster.transport={transport}",
                      f"scheduler.staleness={staleness}", *(["cache.ratio=0.015"] if staleness else []),
