@@ -31,7 +31,8 @@ the last mark. Output (``--out``, at most 8 files, as a GPU host returns):
 CPU with a stand-in ``nvidia-smi`` and tiny sizes, so that the script
 reaches a GPU host working; ``--plan`` prints the stages and their budgets.
 
-Standard library only: it starts with the host's ``python3``, before set-up.
+Standard library only (and ``hybrid.bench``'s own, which is too): it starts
+with the host's ``python3``, before set-up.
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
+
+from hybrid.bench import case_overrides  # standard library only, as this module
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("vanilla", "herald", "herald+scheduler.scoring=cost+scheduler.order=confident", "het", "fae")
@@ -113,39 +116,45 @@ class Context:
 
         It runs in a session of its own, stopped with everything it started
         (mpirun's ranks, emulated hosts) when the stage reaches its mark:
-        SIGTERM first, so that benchmarks clean up, then SIGKILL.
+        SIGTERM first, so that benchmarks clean up, then SIGKILL. A failure
+        is raised with the last lines the command wrote to stderr.
         """
         limit = self.left() if timeout is None else min(timeout, self.left())
         if limit <= 1:
             raise OutOfTime(f"no time left to run {' '.join(argv[:4])}")
         self.say("$ " + " ".join(argv))
-        stdout_path = self.work / f"stdout-{time.monotonic_ns()}"
-        with open(stdout_path, "w") as stdout:
+        stem = self.work / f"command-{time.monotonic_ns()}"
+        with open(f"{stem}.out", "w") as stdout, open(f"{stem}.err", "w") as stderr:
             process = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **self.env, **(env or {})},
-                                       stdout=stdout, stderr=self.log or subprocess.DEVNULL, start_new_session=True)
+                                       stdout=stdout, stderr=stderr, start_new_session=True)
             try:
                 process.wait(timeout=limit)
             except subprocess.TimeoutExpired:
                 stop_session(process)
-                self._keep(stdout_path)
+                self._keep(stem)
                 raise OutOfTime(f"stopped after {limit:.0f} s: {' '.join(argv[:6])}") from None
             except BaseException:
                 stop_session(process)
+                self._keep(stem)
                 raise
-        text = self._keep(stdout_path)
+        out, err = self._keep(stem)
         if check and process.returncode != 0:
-            tail = "\n".join(text.splitlines()[-5:])
+            tail = "\n".join((err.strip() or out.strip()).splitlines()[-8:])
             raise StageFailed(f"exit {process.returncode}: {' '.join(argv[:8])}" + (f"\n{tail}" if tail else ""))
-        return text
+        return out
 
-    def _keep(self, stdout_path: Path) -> str:
-        """The command's stdout, copied into the stage's log."""
-        text = stdout_path.read_text(errors="replace")
-        stdout_path.unlink()
-        if self.log is not None and text:
-            self.log.write(text if text.endswith("\n") else text + "\n")
-            self.log.flush()
-        return text
+    def _keep(self, stem: Path) -> tuple[str, str]:
+        """The command's stdout and stderr, copied into the stage's log and removed."""
+        texts = []
+        for suffix in (".out", ".err"):
+            path = Path(f"{stem}{suffix}")
+            text = path.read_text(errors="replace")
+            path.unlink()
+            if self.log is not None and text:
+                self.log.write(text if text.endswith("\n") else text + "\n")
+                self.log.flush()
+            texts.append(text)
+        return texts[0], texts[1]
 
 
 def stop_session(process: subprocess.Popen) -> None:
@@ -346,9 +355,8 @@ def one_host(ctx: Context, result: dict, modes, overrides: list[str]) -> list[st
     """The e2e cases trained on this host alone (no links to shape): still GPU workers at dim 512."""
     runs = {}
     for mode in modes:
-        case = [f"scheduler.mode={mode.split('+')[0]}", *mode.split("+")[1:]]
-        summary = train(ctx, f"one-host-{len(runs)}", "configs/ml100k.yaml", "model.embedding_dim=512", *case,
-                        *overrides)
+        summary = train(ctx, f"one-host-{len(runs)}", "configs/ml100k.yaml", "model.embedding_dim=512",
+                        *case_overrides(mode), *overrides)
         runs[mode] = {"samples_per_s": summary["throughput"], "iteration_ms": summary["iteration_ms"],
                       "auc": (summary["evaluation"] or {}).get("auc"),
                       "rows_per_iteration": round(summary["transmissions"]["rows"] / max(1, summary["iterations"]), 1)}

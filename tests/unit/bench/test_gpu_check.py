@@ -42,7 +42,7 @@ def test_a_stage_that_fails_or_overruns_costs_only_itself(tmp_path):
         return ["fine"]
 
     def fails(ctx, result):
-        ctx.run(["bash", "-c", "echo why it failed; exit 3"])
+        ctx.run(["bash", "-c", "echo progress; echo why it failed >&2; exit 3"])
         return ["never"]
 
     def crashes(ctx, result):
@@ -64,7 +64,7 @@ def test_a_stage_that_fails_or_overruns_costs_only_itself(tmp_path):
     records = gpu_check.run_stages(ctx, stages)
     assert time.monotonic() - began < 12  # the sleep was stopped at its stage's mark (7 s), not waited out
     assert [r["status"] for r in records] == ["ran", "failed", "failed", "out of time", "ran"]
-    assert "exit 3" in records[1]["error"] and "why it failed" in records[1]["error"]
+    assert records[1]["error"].endswith("exit 3: bash -c echo progress; echo why it failed >&2; exit 3\nwhy it failed")
     assert records[2]["error"] == "KeyError: 'a surprise of the host'"
     assert records[3]["result"] == {"before": "kept"}
     assert records[4]["headline"] == ["ran failed failed out of time not run"]
@@ -79,7 +79,7 @@ def test_a_stage_that_fails_or_overruns_costs_only_itself(tmp_path):
     files = sorted(p.name for p in ctx.out.iterdir())
     assert files == ["after.log", "crashes.log", "fails.log", "fine.log", "overruns.log", "summary.json",
                      "summary.txt"]
-    assert "why it failed" in (ctx.out / "fails.log").read_text()
+    assert "progress\nwhy it failed\n" in (ctx.out / "fails.log").read_text()
 
 
 def test_a_stage_may_use_what_earlier_stages_left_but_ends_by_its_mark(tmp_path):
@@ -156,3 +156,31 @@ def test_the_stand_in_nvidia_smi_lists_one_gpu_and_answers_queries(tmp_path):
                             "--format=csv,noheader"], capture_output=True, text=True).stdout
     assert listing.startswith("GPU 0: ") and len(listing.splitlines()) == 1
     assert query.strip() == "stand-in, stand-in, stand-in"
+
+
+def test_where_emulated_hosts_fail_the_e2e_cases_train_on_one_host(tmp_path, monkeypatch):
+    """The e2e stage's other path: the first link setting fails, so each mode trains once on this host."""
+    ctx = _context(tmp_path)
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append(argv)
+        if argv[3:5] == ["bench", "e2e"]:
+            raise StageFailed("exit 1: hybrid bench e2e\nhybrid bench e2e: cannot run here: emulated hosts need tc")
+        summary = Path(argv[argv.index("--summary-json") + 1])
+        rate = 2000.0 if "scheduler.mode=herald" in argv else 1000.0
+        summary.write_text(json.dumps({"throughput": rate, "iterations": 10, "iteration_ms": {"pull": 1.0},
+                                       "evaluation": {"auc": 0.7}, "transmissions": {"rows": 50}}))
+        return ""
+
+    monkeypatch.setattr(ctx, "run", run)
+    result: dict = {}
+    lines = gpu_check.stage_e2e(ctx, result)
+    assert lines == ["emulated hosts failed: exit 1: hybrid bench e2e",
+                     "links none (one host, no emulated links): samples/s vanilla 1000, herald 2000; "
+                     "herald/vanilla 2.00x"]
+    assert result["one_host"]["herald"] == {"samples_per_s": 2000.0, "iteration_ms": {"pull": 1.0}, "auc": 0.7,
+                                            "rows_per_iteration": 5.0}
+    trained = [argv for argv in calls if argv[:2] == ["bash", "launch/train.sh"]]
+    assert len(trained) == 2 and all("model.embedding_dim=512" in argv and "train.device=cpu" in argv
+                                     for argv in trained)
