@@ -352,15 +352,15 @@ cuda_cc_list() {
     fi
 }
 
-# The C++ standard PyTorch's headers need: what its own extension builder passes (17 up to 2.13;
-# 2.14's headers use std::strong_ordering, C++20).
+# The C++ standard PyTorch's headers need: what its own extension builder passes (-std=c++20 in 2.13
+# and 2.14; 2.14's headers use std::strong_ordering and do not compile as C++17).
 torch_cxx_standard() {
     "$PY" -c "import inspect, re, torch.utils.cpp_extension as c
 found = re.findall(r'-std=c\+\+(\d\d)', inspect.getsource(c))
 print(max(found, key=int) if found else 17)" 2>/dev/null || echo 17
 }
 
-# Horovod 0.28.1 hard-codes -std=c++14, but PyTorch >= 2.1 headers need C++17 (2.14: C++20).
+# Horovod 0.28.1 hard-codes -std=c++14, but PyTorch's headers need at least C++17 (2.14's: C++20).
 # A compiler wrapper rewrites the flag; everything else goes to the real g++.
 # CMAKE_POLICY_VERSION_MINIMUM: its gloo and flatbuffers ask for CMake 2.8, which CMake >= 4 (pip's
 # cmake, first on PATH in an activated venv) refuses.
