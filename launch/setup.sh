@@ -365,9 +365,10 @@ print(max(found, key=int) if found else 17)" 2>/dev/null || echo 17
 # CMAKE_POLICY_VERSION_MINIMUM: its gloo and flatbuffers ask for CMake 2.8, which CMake >= 4 (pip's
 # cmake, first on PATH in an activated venv) refuses.
 build_horovod_wheel() {
-    local wrapdir
+    local wrapdir std
     wrapdir=$(mktemp -d)
-    sed "s/@STD@/$(torch_cxx_standard)/" >"$wrapdir/g++" <<'WRAP'
+    std=$(torch_cxx_standard)
+    sed "s/@STD@/$std/" >"$wrapdir/g++" <<'WRAP'
 #!/usr/bin/env bash
 # nvcc runs this as its host compiler on Horovod's CUDA kernels (C++11, no PyTorch headers): those
 # calls go through unchanged, since nvcc's front end parses what they preprocess in its own -std.
@@ -395,7 +396,7 @@ WRAP
         cuda_cc_list
     fi
     mkdir -p "$HOROVOD_DIR"
-    say "building Horovod $HOROVOD_VERSION with C++$(torch_cxx_standard) against $MPI${GPU_OPS:+ and $GPU_OPS}${HOROVOD_BUILD_CUDA_CC_LIST:+ for compute capability $HOROVOD_BUILD_CUDA_CC_LIST}${HOROVOD_CUDA_HOME:+ with CUDA from $HOROVOD_CUDA_HOME} (takes about 5 minutes)"
+    say "building Horovod $HOROVOD_VERSION with C++$std against $MPI${GPU_OPS:+ and $GPU_OPS}${HOROVOD_BUILD_CUDA_CC_LIST:+ for compute capability $HOROVOD_BUILD_CUDA_CC_LIST}${HOROVOD_CUDA_HOME:+ with CUDA from $HOROVOD_CUDA_HOME} (takes about 5 minutes)"
     local log="$HOROVOD_DIR/horovod-build.log" sources=()
     [ "$OFFLINE" = 1 ] && sources=(--no-index --find-links "$WHEEL_DIR")
     if ! PATH="$wrapdir:$PATH" CXX="$wrapdir/g++" CC=/usr/bin/gcc \

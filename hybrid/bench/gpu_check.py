@@ -334,7 +334,8 @@ def stage_e2e(ctx: Context, result: dict) -> list[str]:
                 raise
             result["emulation_failed"] = str(err)
             ctx.say(f"emulated hosts failed ({err}); the same runs on one host instead")
-            return [f"emulated hosts failed: {str(err).splitlines()[0]}", *one_host(ctx, result, modes, overrides)]
+            why = str(err).splitlines()[-1]  # the command's last word on stderr
+            return [f"emulated hosts failed: {why}", *one_host(ctx, result, modes, overrides)]
         report = last_json(stdout)["movielens-100k"]
         result.setdefault("links", {})[link] = report
         lines.append(e2e_line(link, report))
@@ -370,7 +371,7 @@ def stage_horovod(ctx: Context, result: dict) -> list[str]:
         start_horovod_build(ctx)
     build = ctx.horovod_build
     try:
-        build.wait(timeout=max(1.0, ctx.left() - (60 if not ctx.rehearse else 30)))
+        build.wait(timeout=max(1.0, ctx.left() - (45 if not ctx.rehearse else 30)))  # 45 s: install, 2 runs
     except subprocess.TimeoutExpired:
         raise OutOfTime(f"Horovod's wheel was still building {ctx.elapsed() - ctx.horovod_build_started:.0f} s "
                         f"after it started (horovod.log)") from None
@@ -453,10 +454,10 @@ STAGES = (
           stage_train),
     Stage("exactness", 75, "pytest -m cuda on 4 ranks: float64 against the reference, measured == simulated, FAE",
           stage_exactness),
-    Stage("e2e", 165, "hybrid bench e2e, MovieLens-100k dim 512, 8 GPU workers x batch 256 + 1 PS, 5 modes, "
+    Stage("e2e", 150, "hybrid bench e2e, MovieLens-100k dim 512, 8 GPU workers x batch 256 + 1 PS, 5 modes, "
                       "at 1gbit, 10gbit, unshaped (one host if namespaces fail); Horovod's build paused",
           stage_e2e, quiet=True),
-    Stage("horovod", 60, "Horovod's wheel installed; ml100k with train.allreduce=horovod (1 worker: NCCL) and "
+    Stage("horovod", 75, "Horovod's wheel installed; ml100k with train.allreduce=horovod (1 worker: NCCL) and "
                          "auto (3 workers on 1 GPU: host-staged)", stage_horovod),
     Stage("cores", 75, "CPU 3 + 1 by every launch path against plain PyTorch; bench scheduler (8,128 workers "
                        "x 1,4,16 threads), preprocess (1,4,16 processes)", stage_cores),

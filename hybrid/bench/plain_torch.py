@@ -21,6 +21,7 @@ import torch
 
 from hybrid.config import EmbeddingOptimizer, load_config
 from hybrid.data.store import BatchStore
+from hybrid.lr_schedule import RateSchedule, set_rate
 from hybrid.models import build_model, dense_optimizer
 from hybrid.runtime.embedding_init import initial_rows
 
@@ -52,9 +53,9 @@ def run(*, config_path: str, overrides=(), iterations: int = 0, threads: int = 1
 def train_plain(config, store: BatchStore, iterations: int, device: torch.device = torch.device("cpu")):
     """(table, model, last loss, seconds after the ``WARMUP`` iterations) of plain SGD on the global batches.
 
-    The same model as the single-process reference (hybrid.training.reference)
-    at constant learning rates, with the tables updated only where the batch
-    touched them, as a real single-process trainer would.
+    The same model as the single-process reference (hybrid.training.reference),
+    learning-rate schedule included, with the tables updated only where the
+    batch touched them, as a real single-process trainer would.
     """
     if config.train.embedding_optimizer is not EmbeddingOptimizer.sgd:
         raise ValueError("bench plain applies SGD to the embeddings; run it with train.embedding_optimizer=sgd")
@@ -65,13 +66,14 @@ def train_plain(config, store: BatchStore, iterations: int, device: torch.device
                                           np.dtype(config.model.precision.value))).to(device)
     model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed).to(device)
     optimizer = dense_optimizer(config, model.parameters())
-    lr = config.train.embedding_lr
+    rates = RateSchedule.of(config, store.num_batches(config.global_batch))
     start = time.perf_counter()
     loss = torch.zeros(())
     for step, batch in enumerate(store.batches(config.global_batch, stop_batch=iterations)):
         if step == WARMUP:
             _synchronize(device)
             start = time.perf_counter()
+        set_rate(optimizer, rates.dense(step))
         rows = torch.from_numpy(batch.sparse.astype(np.int64)).to(device) + offsets
         leaf = table[rows].requires_grad_(True)
         logits = model(torch.from_numpy(batch.dense).to(device, dtype), leaf)
@@ -81,7 +83,7 @@ def train_plain(config, store: BatchStore, iterations: int, device: torch.device
         loss.backward()
         optimizer.step()
         with torch.no_grad():
-            table.index_add_(0, rows.reshape(-1), leaf.grad.reshape(-1, leaf.shape[-1]), alpha=-lr)
+            table.index_add_(0, rows.reshape(-1), leaf.grad.reshape(-1, leaf.shape[-1]), alpha=-rates.embedding(step))
     _synchronize(device)
     return table.cpu().numpy(), model, loss.item(), time.perf_counter() - start
 

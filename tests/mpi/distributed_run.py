@@ -18,6 +18,7 @@ class Run:
     capacity: Optional[int]  # cache slots per worker (workers only)
     rows_moved: int  # rows all workers moved through the store
     plan_fingerprint: str = ""  # the shard plan the store used
+    allreduce: Optional[str] = None  # how the workers summed MLP gradients, as the summary says (workers only)
 
 
 def train(config, store, iterations: int) -> Run:
@@ -30,10 +31,11 @@ def train(config, store, iterations: int) -> Run:
     params = None if roles.is_ps else [p.detach().cpu().numpy().copy() for p in trainer.model.parameters()]
     capacity = None if roles.is_ps else trainer.scheduler.state.capacity
     plan_fingerprint = trainer.table.plan.fingerprint
+    allreduce = None if roles.is_ps else trainer.allreduce.describe()
     trainer.close()
     roles.free()
     moved = MPI.COMM_WORLD.allreduce(sum(r["moved"][k] for r in log for k in ("pull", "put", "accumulate", "p2p")))
-    return Run(log, table, params, capacity, moved, plan_fingerprint)
+    return Run(log, table, params, capacity, moved, plan_fingerprint, allreduce)
 
 
 def assert_equals_reference(run: Run, config, store, iterations: int, tolerance: float = 1e-9) -> None:

@@ -51,7 +51,7 @@ def test_bsp_modes_equal_the_single_process_reference(store_path, mode, model, n
             assert evictions > 0, "the cache must evict dirty rows for this test to mean anything"
 
 
-def _small_float64_run(store_path, n_ps: int, *overrides) -> None:
+def _small_float64_run(store_path, n_ps: int, *overrides) -> distributed_run.Run:
     """Train 25 iterations of a small float64 model with ``overrides``; worker 0 compares with the reference."""
     world = MPI.COMM_WORLD
     config = load_config(None, [f"data.path={store_path}", f"cluster.workers={world.size - n_ps}",
@@ -63,6 +63,25 @@ def _small_float64_run(store_path, n_ps: int, *overrides) -> None:
     run = distributed_run.train(config, store, ITERATIONS)
     if world.rank == 0:
         distributed_run.assert_equals_reference(run, config, store, ITERATIONS)
+    return run
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+def test_auto_where_horovod_cannot_be_imported_sums_by_mpi_and_equals_the_reference(store_path, monkeypatch):
+    """The GPU check trains before Horovod is built: train.allreduce=auto then takes MPI's collectives on every
+    worker, for the MLP and for row-wise Adagrad's shared rows alike."""
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "horovod" else found(name, *args))
+    run = _small_float64_run(store_path, 1, "scheduler.mode=vanilla", "train.embedding_optimizer=rowwise_adagrad",
+                             "train.allreduce=auto", "train.device=cpu")
+    workers = ", ".join(str(w) for w in range(MPI.COMM_WORLD.size - 1))
+    if MPI.COMM_WORLD.rank < MPI.COMM_WORLD.size - 1:
+        assert run.allreduce == ("MPI Allreduce of one host buffer on the workers' communicator: Horovod is not "
+                                 f"installed (worker(s) {workers})")
 
 
 @pytest.mark.mpi(min_size=3)

@@ -257,13 +257,15 @@ def tiny_store(tiny_config):
 
 
 def test_the_plain_floor_trains_the_reference_model(tiny_store):
-    """bench plain is the same model on the same batches as the single-process reference (float64, SGD)."""
+    """bench plain is the same model on the same batches as the single-process reference (float64, SGD,
+    a warm-up and cosine schedule of the rates)."""
     import numpy as np
 
     from hybrid.bench.plain_torch import train_plain
     from hybrid.training.reference import train_reference
 
-    config = load_config(str(tiny_store), ["model.precision=float64", "train.embedding_lr=0.5"])
+    config = load_config(str(tiny_store), ["model.precision=float64", "train.embedding_lr=0.5",
+                                           "train.lr_schedule=cosine", "train.lr_warmup=3"])
     store = BatchStore(config.data.path, split="train", test_fraction=config.data.test_fraction)
     table, model, _, _ = train_plain(config, store, 12)
     expected_table, expected_model = train_reference(config, store, 12)

@@ -176,7 +176,7 @@ def test_where_emulated_hosts_fail_the_e2e_cases_train_on_one_host(tmp_path, mon
     monkeypatch.setattr(ctx, "run", run)
     result: dict = {}
     lines = gpu_check.stage_e2e(ctx, result)
-    assert lines == ["emulated hosts failed: exit 1: hybrid bench e2e",
+    assert lines == ["emulated hosts failed: hybrid bench e2e: cannot run here: emulated hosts need tc",
                      "links none (one host, no emulated links): samples/s vanilla 1000, herald 2000; "
                      "herald/vanilla 2.00x"]
     assert result["one_host"]["herald"] == {"samples_per_s": 2000.0, "iteration_ms": {"pull": 1.0}, "auc": 0.7,

@@ -31,6 +31,15 @@ def test_cpu_workers_sum_by_mpi_where_every_workers_mpich_waits_yield_or_where_a
     assert gpus.backend == "nccl" and not gpus.by_mpi
 
 
+@pytest.mark.parametrize("identities", [[None, None], ["h1/GPU-a", "h1/GPU-b"], ["h1/GPU-a", "h1/GPU-a"]])
+def test_workers_without_horovod_sum_by_mpi_whatever_their_devices(identities):
+    """comm.worker_collectives found a worker that cannot import Horovod: NCCL and Horovod's host sum are out."""
+    why = "Horovod is not installed (worker(s) 1)"
+    choice = choose_allreduce("auto", identities, nccl_built=False, cpu_backend="mpi", without_horovod=why)
+    assert choice.by_mpi and choice.host_staged
+    assert choice.describe() == f"MPI Allreduce of one host buffer on the workers' communicator: {why}"
+
+
 def test_one_gpu_per_worker_with_nccl_uses_nccl():
     choice = choose_allreduce("auto", ["h1/GPU-a", "h1/GPU-b", "h2/GPU-a"], nccl_built=True, cpu_backend="mpi")
     assert not choice.host_staged and choice.backend == "nccl"
