@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 SMALL_TABLE_BYTES = 1 << 20  # FAE: tables under 1 MB are hot whole
 CHUNKS = 35
@@ -98,6 +97,8 @@ def estimate_hot_rows(counts: np.ndarray, cutoff: int, rng: np.random.Generator,
     hot_per_chunk = (counts[:whole * chunk_rows].reshape(whole, chunk_rows)[picked] >= cutoff).sum(axis=1)
     scale = len(counts) / chunk_rows  # chunks in the table, partial chunk included
     mean, spread = hot_per_chunk.mean(), hot_per_chunk.std(ddof=1)
+    from scipy import stats  # here, not at the top: scipy.stats costs every rank ~1 s of start-up
+
     t = stats.t.ppf(0.5 + confidence / 2, df=chunks - 1)
     half = t * np.sqrt((whole - chunks) / whole) * spread / np.sqrt(chunks)
     n = len(counts)

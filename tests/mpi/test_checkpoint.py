@@ -40,6 +40,7 @@ def _train(config, store, resume=None):
     return table, params, {r["step"]: r["digest"] for r in log}, sum(r["moved"]["p2p"] for r in log)
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n_ps,sync", [(1, "ps"), (2, "ps"), (1, "p2p")])

@@ -5,6 +5,7 @@ from mpi4py import MPI
 from hybrid.runtime.comm import AgreementError, RoleError, check_agreement, split_roles
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=2)
 def test_roles_put_the_ps_ranks_last():
     world = MPI.COMM_WORLD
@@ -20,6 +21,7 @@ def test_roles_put_the_ps_ranks_last():
     roles.free()
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 def test_stop_requests_from_ps_ranks_reach_worker_0_and_the_workers_agree_on_the_largest():
     """Two PS ranks forward their requests; worker 0 adds them to the barrier every worker enters."""

@@ -10,6 +10,7 @@ from hybrid.data.store import BatchStore
 from shared_store import shared_store
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 def test_horovod_allreduces_over_the_workers_only():
     """The set-up built Horovod with MPI; PS ranks stay out of the workers' allreduce."""
@@ -68,6 +69,7 @@ def test_without_horovod_the_workers_sum_and_broadcast_with_mpi(monkeypatch):
     world.Barrier()
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=2)
 def test_every_rank_reads_the_same_global_batches():
     from mpi4py import MPI

@@ -66,6 +66,7 @@ def _train(config, store, resume=None):
     return result, {k: MPI.COMM_WORLD.allreduce(moved[k]) for k in moved}
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("overrides", [

@@ -29,6 +29,7 @@ def store_path():
         yield path
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["vanilla", "laia", "plan", "herald", "het"])
@@ -166,6 +167,7 @@ def _sliced_plan(cardinalities, n_ps: int, dim: int) -> ShardPlan:
     return ShardPlan.from_tables(offsets, placements, n_ps, "column-slices", dim=dim)
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("planner", ["round-robin", "size", "random", "column-slices"])
@@ -193,6 +195,7 @@ def test_exact_under_any_shard_plan(store_path, planner, transport):
         distributed_run.assert_equals_reference(run, config, store, 30)
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["plan", "herald"])

@@ -91,6 +91,7 @@ def test_fae_equals_the_reference_on_its_own_order_and_the_simulation_counts_it(
     assert figures == simulated.summary(timings=False)  # what the training summary reports
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 def test_every_worker_lays_out_the_same_strips_and_plans(store_path):

@@ -22,6 +22,7 @@ def _groups(world):
     return world.Split(color, world.rank), color
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 def test_every_rank_count_writes_the_one_process_store(tmp_path_factory):

@@ -47,6 +47,7 @@ def _holds_its_plans_values(shard, runs) -> bool:
     return True
 
 
+@pytest.mark.shape
 @TRANSPORTS
 @pytest.mark.parametrize("layout", ["row-ranges", "whole-tables", "round-robin", "column-slices"])
 @pytest.mark.parametrize("n_ps", [pytest.param(1, marks=pytest.mark.mpi(min_size=2)),
@@ -135,6 +136,7 @@ def test_auto_picks_one_sided_operations_on_one_host():
     store.close()
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 def test_packed_accumulate_adds_duplicate_rows_and_concurrent_writers_like_mpi_accumulate():
     world = MPI.COMM_WORLD

@@ -47,6 +47,7 @@ def _train_and_total(config, store, kinds: tuple, iterations: int = 40):
     return [d for d in everyone if d is not None], totals
 
 
+@pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode,sync,staleness", [("vanilla", "ps", 0), ("herald", "ps", 0), ("herald", "p2p", 0),

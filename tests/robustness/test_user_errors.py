@@ -4,6 +4,8 @@ to do, no traceback, exit status 1, and nothing left behind that a later command
 One case per row: the command, the message it must print. Commands run as a user runs them (``hybrid ...``
 in a subprocess) from the repository, on small stores made here and damaged on purpose.
 """
+import contextlib
+import io
 import os
 import shutil
 import subprocess
@@ -66,12 +68,43 @@ def inputs(tmp_path_factory):
     return root
 
 
-def _run(*args: str, timeout: float = 60) -> tuple[int, float, str]:
+# Commands whose refusal is checked in this process, through the console script's own function: the
+# status ``main`` returns is the process's exit status (hybrid/__main__.py). A process each would cost
+# about a second of start-up per case. Commands that write stores (they take SIGTERM), or that start
+# MPI, or whose refusal depends on the process (mpirun, signals) run as real processes;
+# test_a_refusal_in_a_real_process_is_the_same_as_here checks that both ways agree.
+IN_PROCESS = {("config",), ("simulate",), ("fae",), ("compare",), ("plot",), ("plan-shards",), ("evaluate",),
+              ("bench", "report"), ("shard-costs", "train")}
+
+
+def _run(*args: str, timeout: float = 60, here: bool = True) -> tuple[int, float, str]:
     """``hybrid ARGS`` as a user runs it: (exit status, seconds, stdout + stderr)."""
+    if here and (args[:1] in IN_PROCESS or args[:2] in IN_PROCESS):
+        return _run_here(args)
     start = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "hybrid", *args], cwd=ROOT, capture_output=True, text=True,
                             timeout=timeout, env=dict(os.environ))
     return result.returncode, time.monotonic() - start, result.stdout + result.stderr
+
+
+def _run_here(args: tuple) -> tuple[int, float, str]:
+    """``hybrid ARGS`` through ``hybrid.cli.main`` in this process, from the repository as a user runs it; an
+    exception that escapes it fails the test with its traceback, as it would print one."""
+    from hybrid.cli import main
+
+    output, start, cwd = io.StringIO(), time.monotonic(), os.getcwd()
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            try:
+                status = main(list(args))
+            except SystemExit as stop:  # argparse's usage errors; SystemExit("message"), printed as Python does
+                status = stop.code if isinstance(stop.code, int) else 1
+                if isinstance(stop.code, str):
+                    print(stop.code, file=output)
+    finally:
+        os.chdir(cwd)
+    return status, time.monotonic() - start, output.getvalue()
 
 
 def _assert_refused(args: tuple, message: str) -> None:
@@ -268,3 +301,10 @@ def test_training_refuses_bad_data_plans_and_rank_counts_on_every_rank_at_start_
     status, seconds, output = _train(*(a.format(stores=stores, plans=plans) for a in args))
     assert status != 0 and message in output, output[-3000:]
     assert "Traceback" not in output and seconds < 60, output[-3000:]
+
+
+@pytest.mark.parametrize("args", [("config", SMOKE, "train.lrr=0.1"), ("config", "configs/nothing.yaml"),
+                                  ("compare", "/nonexistent/none.json")], ids=["unknown key", "no file", "compare"])
+def test_a_refusal_in_a_real_process_is_the_same_as_here(args):
+    here, there = _run(*args), _run(*args, here=False)
+    assert here[0] == there[0] == 1 and here[2] == there[2], (here, there)

@@ -2,6 +2,8 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybrid.config import load_config
 from hybrid.data.synthetic import synthesize
@@ -58,3 +60,22 @@ def test_a_diverged_model_scores_nan_and_says_how_many_outputs_were_not_finite()
     assert auc_and_logloss(labels, np.array([0.1, 0.9, 0.8, 0.3]))["auc"] == 1.0
     diverged = auc_and_logloss(labels, np.array([0.1, np.nan, 0.8, np.nan]))
     assert diverged["nonfinite"] == 2 and np.isnan(diverged["auc"]) and np.isnan(diverged["logloss"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.integers(0, 12)), min_size=1, max_size=300),
+       st.sampled_from([np.float32, np.float64]))
+def test_auc_and_log_loss_equal_scikit_learns_with_ties_and_one_class(pairs, dtype):
+    from sklearn.metrics import log_loss, roc_auc_score
+
+    labels = np.array([label for label, _ in pairs])
+    probabilities = (np.array([score for _, score in pairs]) / 12).astype(dtype)  # few values: many ties, 0 and 1
+    got = auc_and_logloss(labels, probabilities)
+    clipped = np.clip(probabilities, 1e-7, 1 - 1e-7)
+    # float32 outputs: scikit-learn takes their logarithms in float32, this in float64
+    precision = 1e-6 if dtype == np.float32 else 1e-12
+    assert got["logloss"] == pytest.approx(log_loss(labels, clipped, labels=[0, 1]), rel=precision)
+    if len(np.unique(labels)) == 2:
+        assert got["auc"] == pytest.approx(roc_auc_score(labels, probabilities), rel=1e-12)
+    else:
+        assert np.isnan(got["auc"])

@@ -193,6 +193,7 @@ def test_quality_is_brute_force_over_policy_transmissions_after_the_warm_up():
                                    "seconds": result["points"][1]["seconds"]}
 
 
+@pytest.mark.job
 def test_train_bench_runs_each_case_under_mpi_and_pairs_the_ratios(tmp_path):
     """A tiny workload, one size, two cases (one a mode with a setting): real runs, summaries, paired ratios."""
     from hybrid.bench import train_bench

@@ -55,6 +55,7 @@ if world.rank == 0:
 """
 
 
+@pytest.mark.job
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating network namespaces needs root")
 def test_each_rank_runs_on_its_own_host_and_talks_over_the_links():
     """The venv's MPI (Open MPI's rsh agent or Hydra's ssh launcher) starts rank i in namespace i over TCP."""

@@ -36,6 +36,7 @@ def _context(tmp_path: Path) -> Context:
     return ctx
 
 
+@pytest.mark.job
 def test_a_stage_that_fails_or_overruns_costs_only_itself(tmp_path):
     def fine(ctx, result):
         result["figure"] = 1

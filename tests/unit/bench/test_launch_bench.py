@@ -10,6 +10,8 @@ import pytest
 import mpi_jobs
 from hybrid.bench import launch_bench
 
+pytestmark = pytest.mark.job  # real mpirun jobs: launch/test.sh --quick leaves them out
+
 ROOT = Path(__file__).resolve().parents[3]
 
 

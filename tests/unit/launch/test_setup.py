@@ -144,6 +144,7 @@ def test_bad_settings_are_refused_before_anything_is_installed(tmp_path, env, me
     assert result.returncode == 2 and message in result.stderr
 
 
+@pytest.mark.job
 @pytest.mark.skipif(bool(_no_network_namespace()), reason=_no_network_namespace() or "runs")
 def test_a_set_up_machine_checks_out_offline_without_any_network(tmp_path):
     result = _setup(tmp_path, offline_namespace=True, HYBRID_OFFLINE="1")
@@ -152,6 +153,7 @@ def test_a_set_up_machine_checks_out_offline_without_any_network(tmp_path):
         f"[setup] ready ({mpi_jobs.FAMILY.name}): activate with 'source {sys.prefix}/bin/activate'"
 
 
+@pytest.mark.job
 @pytest.mark.skipif(bool(_no_network_namespace()), reason=_no_network_namespace() or "runs")
 @pytest.mark.skipif(torch.version.cuda is not None, reason="this PyTorch is a CUDA build")
 def test_a_gpu_host_refuses_a_cpu_build_of_pytorch_saying_what_to_do_and_changes_nothing(tmp_path):
@@ -165,6 +167,7 @@ def test_a_gpu_host_refuses_a_cpu_build_of_pytorch_saying_what_to_do_and_changes
     assert check.stdout.strip() == torch.__version__
 
 
+@pytest.mark.job
 @pytest.mark.skipif(bool(_no_network_namespace()), reason=_no_network_namespace() or "runs")
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs a python that runs from a venv")
 @pytest.mark.skipif(torch.version.cuda is not None, reason="this PyTorch is a CUDA build")
@@ -181,6 +184,7 @@ def test_system_pytorch_in_a_venv_is_seen_from_the_new_venv(tmp_path):
     assert f"but torch {torch.__version__} is a CPU build" in result.stderr, result.stderr
 
 
+@pytest.mark.job
 @pytest.mark.skipif(bool(_no_network_namespace()), reason=_no_network_namespace() or "runs")
 def test_building_horovods_wheel_where_it_already_imports_builds_and_installs_nothing(tmp_path):
     """The GPU check's background step (setup.sh --horovod-wheel) on a venv that has Horovod: says so, offline."""

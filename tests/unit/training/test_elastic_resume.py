@@ -1,8 +1,9 @@
 """Elastic resume through real ``hybrid train`` jobs: another cluster shape, and more iterations.
 
-A float64 run of 4 workers + 2 PS ranks checkpoints after iteration 9 and
-ends; ``--resume`` continues it for 20 iterations on 2 workers + 1 PS, on
-3 + 3, and on its own shape. Each ends with the embedding tables and MLP of
+A float64 run of 2 workers + 2 PS ranks checkpoints after iteration 9 and
+ends; ``--resume`` continues it for 20 iterations on 1 worker + 1 PS (fewer
+of both), on 3 + 1 (more workers, fewer PS), on 1 + 3 (more PS), and on its
+own shape, each mode at least once with its tables re-sharded. Each ends with the embedding tables and MLP of
 the uninterrupted single-process reference (BSP sums every global batch
 whichever workers train it), read from the final checkpoint under the
 shard plan that wrote it.
@@ -25,7 +26,10 @@ from hybrid.runtime import checkpoint as ckpt
 from hybrid.runtime.reshard import ShardFiles, checkpoint_plan
 from hybrid.training.reference import train_reference
 
+pytestmark = pytest.mark.job  # real mpirun jobs: launch/test.sh --quick leaves them out
+
 FIRST, TOTAL, GLOBAL_BATCH = 10, 20, 48
+FIRST_SHAPE = (2, 2)  # workers, PS
 MODEL = ["model.precision=float64", "model.embedding_dim=4", "model.bottom_mlp=[8]", "model.top_mlp=[8]",
          "train.checkpoint_every=10"]
 
@@ -60,7 +64,7 @@ def _final_model(checkpoint: Path):
 
 @pytest.fixture(scope="module")
 def first_runs(tmp_path_factory):
-    """``first_runs(case)``: a store and a 4 + 2 run of FIRST iterations of the case that checkpointed its end
+    """``first_runs(case)``: a store and a 2 + 2 run of FIRST iterations of the case that checkpointed its end
     (made once per case)."""
     from hybrid.data.synthetic import synthesize
 
@@ -70,7 +74,7 @@ def first_runs(tmp_path_factory):
         if case not in made:
             root = tmp_path_factory.mktemp(f"elastic-{case}")
             synthesize(root / "store", like="criteo-kaggle", rows=4000, scale=0.001, seed=6)
-            result = _hybrid_train(root / "store", root / "checkpoints", 4, 2, FIRST, case)
+            result = _hybrid_train(root / "store", root / "checkpoints", *FIRST_SHAPE, FIRST, case)
             assert result.returncode == 0, result.stdout + result.stderr
             assert [p.name for p in (root / "checkpoints").iterdir()] == [f"step-{FIRST - 1:09d}"]
             made[case] = root, case
@@ -79,10 +83,13 @@ def first_runs(tmp_path_factory):
     return first_run
 
 
-# every shape for the modes; row-wise Adagrad's state re-sharded once (the suite's time is counted)
+# Each way the shape can change once, each mode re-sharded at least once, row-wise Adagrad's state
+# re-sharded to more PS ranks. Re-sharding does not depend on the mode, and the scheduler starts cold
+# in every mode, so the full product of modes and shapes (7 jobs of up to 6 ranks, about 4 minutes
+# here) checked nothing more.
 @pytest.mark.parametrize("case,workers,ps", [
-    ("vanilla", 2, 1), ("vanilla", 3, 3), ("vanilla", 4, 2), ("herald", 2, 1), ("herald", 3, 3), ("herald", 4, 2),
-    ("herald-rowwise-adagrad", 2, 1)], ids=lambda v: str(v))
+    ("vanilla", 1, 1), ("herald", 3, 1), ("vanilla", 1, 3), ("herald", 2, 2), ("herald-rowwise-adagrad", 1, 3)],
+    ids=lambda v: str(v))
 def test_a_run_resumed_on_another_shape_for_more_iterations_equals_the_uninterrupted_reference(
         first_runs, tmp_path, case, workers, ps):
     root, mode = first_runs(case)
@@ -93,7 +100,7 @@ def test_a_run_resumed_on_another_shape_for_more_iterations_equals_the_uninterru
     assert result.returncode == 0, output
     assert f"resuming from {checkpoints}/step-{FIRST - 1:09d} (after iteration {FIRST - 1})" in output
     resharded = "the PS rows are re-sharded and the scheduler starts cold" in output
-    assert resharded == ((workers, ps) != (4, 2)), output
+    assert resharded == ((workers, ps) != FIRST_SHAPE), output
     assert resharded or "it ended its run: the scheduler starts cold from its tables" in output
     assert f"{TOTAL - FIRST} iterations" in output, output
 
@@ -111,7 +118,7 @@ def test_a_resume_that_changes_the_global_batch_says_which_batch_per_worker_keep
     root, mode = first_runs("vanilla")
     checkpoints = tmp_path / "checkpoints"
     shutil.copytree(root / "checkpoints", checkpoints)
-    result = _hybrid_train(root / "store", checkpoints, 2, 1, TOTAL, mode, "--resume", "train.batch_per_worker=8")
+    result = _hybrid_train(root / "store", checkpoints, 3, 1, TOTAL, mode, "--resume", "train.batch_per_worker=8")
     assert result.returncode != 0
-    assert "its global batch is 48 samples (4 workers x 12), this run's 16: train.batch_per_worker=24 keeps it " \
-           "on 2 workers" in result.stdout + result.stderr
+    assert "its global batch is 48 samples (2 workers x 24), this run's 24: train.batch_per_worker=16 keeps it " \
+           "on 3 workers" in result.stdout + result.stderr

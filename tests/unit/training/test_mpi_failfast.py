@@ -10,6 +10,8 @@ import pytest
 
 import mpi_jobs
 
+pytestmark = pytest.mark.job  # real mpirun jobs: launch/test.sh --quick leaves them out
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -27,16 +29,17 @@ def test_a_failure_on_one_rank_ends_the_mpi_run_within_30_seconds():
 
 
 def _train_with_a_failing_worker(store: Path, when: str, *overrides: str) -> tuple[str, float, int]:
-    """A 4-rank ``hybrid train`` on a tiny new store in which worker 1 fails as ``when`` says.
+    """A 3-rank ``hybrid train`` (2 workers + 1 PS) on a tiny new store in which worker 1 fails as ``when`` says.
 
     Returns the output, the time the job ended and its exit status.
     """
     from hybrid.data.synthetic import synthesize
 
     synthesize(store, like="criteo-kaggle", rows=4000, scale=0.001, seed=1)
-    command = ["bash", str(ROOT / "launch" / "mpirun.sh"), "-n", "4", sys.executable,
+    command = ["bash", str(ROOT / "launch" / "mpirun.sh"), "-n", "3", sys.executable,
                str(ROOT / "tests" / "failfast" / "worker_fails.py"), when, "train", "configs/w1-smoke.yaml",
-               f"data.path={store}", "train.batch_per_worker=16", "train.iterations=40", *overrides, "--no-progress"]
+               f"data.path={store}", "cluster.workers=2", "cluster.ps=1", "train.batch_per_worker=16",
+               "train.iterations=40", *overrides, "--no-progress"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=200,
                             env={**os.environ, "HYBRID_MPI_TIMEOUT": "180"})
     return result.stdout + result.stderr, time.time(), result.returncode
@@ -47,7 +50,7 @@ def test_an_error_on_one_worker_ends_the_whole_training_job_within_10_seconds(tm
     """`hybrid train` prints the error naming the rank, then aborts every rank: nobody waits in a collective."""
     output, ended, status = _train_with_a_failing_worker(tmp_path / "store", when)
     assert status != 0, output
-    assert "error on rank 1 of 4" in output and "deliberate failure on worker 1" in output, output
+    assert "error on rank 1 of 3" in output and "deliberate failure on worker 1" in output, output
     raised = float(re.search(r"at t=([0-9.]+)", output).group(1))
     assert ended - raised < 10, f"the job ended {ended - raised:.1f} s after the error:\n{output}"
 
@@ -62,7 +65,7 @@ def test_a_hung_worker_is_reported_by_the_watchdog_and_the_job_ends(tmp_path):
     assert ended - hung < 4 + 10, f"the job ended {ended - hung:.1f} s after the hang:\n{output}"
 
 
-@pytest.mark.parametrize("victim", [1, 3], ids=["worker", "ps"])
+@pytest.mark.parametrize("victim", [1, 2], ids=["worker", "ps"])
 def test_a_rank_killed_mid_run_ends_the_job_within_30_seconds_naming_it(tmp_path, victim):
     """kill -9 of a worker or of the PS rank while training: a non-zero exit, the rank named, no hang."""
     import signal
@@ -72,9 +75,9 @@ def test_a_rank_killed_mid_run_ends_the_job_within_30_seconds_naming_it(tmp_path
     synthesize(tmp_path / "store", like="criteo-kaggle", rows=40000, scale=0.001, seed=1)
     log = tmp_path / "log.jsonl"
     # the MPI's launcher itself, not launch/mpirun.sh: the job ends with the MPI's own verdict
-    command = mpi_jobs.launcher(4) + [
+    command = mpi_jobs.launcher(3) + [
         sys.executable, "-m", "hybrid", "train", "configs/w1-smoke.yaml", f"data.path={tmp_path / 'store'}",
-        "train.batch_per_worker=16", "--no-progress", "--log-jsonl", str(log)]
+        "cluster.workers=2", "cluster.ps=1", "train.batch_per_worker=16", "--no-progress", "--log-jsonl", str(log)]
     killed = []
 
     def kill_victim(process):

@@ -22,13 +22,20 @@ import torch
 
 import mpi_jobs
 
+pytestmark = pytest.mark.job  # real mpirun jobs: launch/test.sh --quick leaves them out
+
 ITERATIONS = 200
-MPIRUN = mpi_jobs.launcher(4)
+# 2 workers + 1 PS: a worker, another worker and the PS are what a signal or a kill can reach; a fourth
+# rank would add seconds of start-up to each of the 14 jobs here
+RANKS, WORKERS = 3, 2
+PS_RANK = WORKERS
+MPIRUN = mpi_jobs.launcher(RANKS)
 
 
 def _train_args(store: Path, checkpoints: Path, log: Path, *extra: str) -> list:
     return [sys.executable, "-m", "hybrid", "train", "configs/w1-smoke.yaml", f"data.path={store}",
-            "train.batch_per_worker=16", f"train.iterations={ITERATIONS}", "model.precision=float64",
+            f"cluster.workers={WORKERS}", "cluster.ps=1", "train.batch_per_worker=16", f"train.iterations={ITERATIONS}",
+            "model.precision=float64",
             "train.checkpoint_every=40", "train.checkpoint_keep=3", f"train.checkpoint_dir={checkpoints}",
             "train.deterministic=true", "--no-progress", "--log-jsonl", str(log), *extra]
 
@@ -84,7 +91,7 @@ def _resume_and_compare(reference: Path, checkpoints: Path, tmp_path: Path, *ext
 
 
 @pytest.mark.any_mpi_family  # a killed rank under each family: test_mpi_failfast.py
-@pytest.mark.parametrize("victim", [1, 3], ids=["worker", "ps"])
+@pytest.mark.parametrize("victim", [1, PS_RANK], ids=["worker", "ps"])
 def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_model(reference, tmp_path, victim):
     checkpoints = tmp_path / "checkpoints"
     status, output = mpi_jobs.act_mid_run(
@@ -100,7 +107,7 @@ def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_model(reference, tmp_
 def test_sigterm_to_the_launcher_checkpoints_exits_0_and_the_run_resumes(reference, tmp_path):
     """SLURM's SIGTERM before a time limit: every rank saves and leaves with 0; --resume finishes the run."""
     checkpoints, log = tmp_path / "checkpoints", tmp_path / "stopped.jsonl"
-    launcher = ["bash", str(mpi_jobs.ROOT / "launch" / "mpirun.sh"), "-n", "4"]
+    launcher = ["bash", str(mpi_jobs.ROOT / "launch" / "mpirun.sh"), "-n", str(RANKS)]
     status, output = mpi_jobs.act_mid_run(
         launcher + _train_args(reference / "store", checkpoints, log, "train.checkpoint_every=0"),
         lambda: _iterations_logged(log) >= 50, "50 iterations", lambda process: process.send_signal(signal.SIGTERM))
@@ -108,8 +115,8 @@ def test_sigterm_to_the_launcher_checkpoints_exits_0_and_the_run_resumes(referen
     stopped = max(_digests(log))
     assert stopped < ITERATIONS - 1
     # mpirun forwards the signal to every rank; the summary names one that had handled it when the workers agreed
-    assert re.search(rf"stopped by SIGUSR1 on rank [0-3] after iteration {stopped}; continue with --resume", output), \
-        output
+    stop_line = rf"stopped by SIGUSR1 on rank [0-{PS_RANK}] after iteration {stopped}; continue with --resume"
+    assert re.search(stop_line, output), output
     assert [p.name for p in checkpoints.iterdir()] == [f"step-{stopped:09d}"]
     # the resumed run may change what does not alter the result: here, only a final checkpoint
     _resume_and_compare(reference, checkpoints, tmp_path, f"train.checkpoint_every={ITERATIONS}")
@@ -142,7 +149,7 @@ def test_a_checkpoint_of_another_config_is_refused_and_a_finished_run_is_left_al
     assert result.returncode == 0 and "is the end of this run (iteration 199); nothing to resume" in result.stderr
 
 
-@pytest.mark.parametrize("receiver", [1, 3], ids=["one-worker", "ps-only"])
+@pytest.mark.parametrize("receiver", [1, PS_RANK], ids=["one-worker", "ps-only"])
 def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint_naming_it(reference, tmp_path, receiver,
                                                                            monkeypatch):
     """Workers agree on a stop at the end of an iteration; a PS rank forwards its signal to worker 0.
