@@ -26,7 +26,7 @@
 #
 # Other settings: HYBRID_SLURM_TIMEOUT (seconds to wait for the node, default 60),
 # HYBRID_SLURM_CTLD_PORT / HYBRID_SLURM_SLURMD_PORT (default 6817 / 6818),
-# HYBRID_SLURM_CRED_EXPIRE (seconds a requeued job waits before it restarts, default 15).
+# HYBRID_SLURM_CRED_EXPIRE (seconds a requeued job waits before it restarts, default 5).
 set -euo pipefail
 
 DIR=${HYBRID_SLURM_DIR:-/tmp/hybrid-slurm}
@@ -119,7 +119,7 @@ AuthType=auth/munge
 CredType=cred/munge
 # cred_expire (default 120 s) is also how long a requeued job waits before it
 # can start again: short here so that requeue tests are quick.
-AuthInfo=socket=$MUNGE_SOCKET,cred_expire=${HYBRID_SLURM_CRED_EXPIRE:-15}
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=${HYBRID_SLURM_CRED_EXPIRE:-5}
 StateSaveLocation=$DIR/state/slurmctld
 # Two slurmd daemons on this host: each node its own spool, pid file and log (%n: the node).
 SlurmdSpoolDir=$DIR/spool/slurmd-%n
@@ -140,6 +140,10 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
+# Heterogeneous jobs, and requeued ones once their cred_expire wait is over, are started by the
+# backfill scheduler alone, which runs every 30 s by default: a hetjob waited 20 s for a free node
+# and each requeued job 28-31 s (measured in slurmctld.log). Every second here.
+SchedulerParameters=bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none

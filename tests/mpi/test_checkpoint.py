@@ -17,6 +17,8 @@ from hybrid.runtime.comm import split_roles
 from hybrid.training.loop import HybridTrainer
 from shared_store import shared_store
 
+pytestmark = pytest.mark.family  # MPI semantics themselves: launch/test.sh runs these under MPICH too
+
 
 @pytest.fixture(scope="module")
 def store_path():

@@ -4,6 +4,8 @@ from mpi4py import MPI
 
 from hybrid.runtime.comm import AgreementError, RoleError, check_agreement, split_roles
 
+pytestmark = pytest.mark.family  # MPI semantics themselves: launch/test.sh runs these under MPICH too
+
 
 @pytest.mark.shape
 @pytest.mark.mpi(min_size=2)

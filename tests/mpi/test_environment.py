@@ -9,6 +9,8 @@ import pytest
 from hybrid.data.store import BatchStore
 from shared_store import shared_store
 
+pytestmark = pytest.mark.family  # MPI semantics themselves: launch/test.sh runs these under MPICH too
+
 
 @pytest.mark.shape
 @pytest.mark.mpi(min_size=3)

@@ -11,6 +11,8 @@ from hybrid.runtime.embedding_init import fill_initial_runs, initial_rows
 from hybrid.runtime.rma_store import EmbeddingStore
 from hybrid.runtime.shard_plan import Columns, ShardPlan
 
+pytestmark = pytest.mark.family  # MPI semantics themselves: launch/test.sh runs these under MPICH too
+
 N_ROWS, DIM = 103, 6
 TRANSPORTS = pytest.mark.parametrize("transport", ["rma", "packed"])
 

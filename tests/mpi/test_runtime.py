@@ -19,6 +19,8 @@ from hybrid.training.simulator import simulate_mode
 from hybrid.training.summary_text import format_breakdown, format_summary
 from shared_store import shared_store
 
+pytestmark = pytest.mark.family  # MPI semantics themselves: launch/test.sh runs these under MPICH too
+
 
 @pytest.fixture(scope="module")
 def store_path():
