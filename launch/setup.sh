@@ -486,6 +486,7 @@ restore_kernels() {
     for file in "$cache"/*.so; do cp "$file" "$ROOT/hybrid/_ext/"; done
     touch "$ROOT"/cython_ext/*.c "$ROOT"/cython_ext/*.h
     touch "$ROOT"/hybrid/_ext/*.so
+    export HYBRID_KERNELS_CACHED=1  # setup.py's build_ext then takes them as built
     say "took the compiled kernels of these sources from $cache"
 }
 
