@@ -29,19 +29,19 @@ cd "$ROOT"
 export HYBRID_MPI_TIMEOUT=${HYBRID_MPI_TIMEOUT:-600}
 if [ "$QUICK" = 1 ]; then
     stage "unit tests without jobs"
-    python -m pytest -q -p no:cacheprovider -m "not job" tests/unit
+    python -m pytest -q -p no:cacheprovider --durations=10 -m "not job" tests/unit
     stage "shape-dependent MPI tests on 3 ranks"
-    bash launch/mpirun.sh -n 3 python -m pytest -q -p no:cacheprovider --color=no --with-mpi -m shape tests/mpi
+    bash launch/mpirun.sh -n 3 python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi -m shape tests/mpi
     stage end
     exit 0
 fi
 stage "unit tests"
-python -m pytest -q -p no:cacheprovider tests/unit
+python -m pytest -q -p no:cacheprovider --durations=10 tests/unit
 
 # Mistakes a user makes (bad configs, damaged stores, wrong input files, files that are not what they
 # claim): each must end in seconds with one line that says what to do.
 stage robustness
-python -m pytest -q -p no:cacheprovider tests/robustness
+python -m pytest -q -p no:cacheprovider --durations=10 tests/robustness
 
 # The MPI tests also train on the real MovieLens-100k (from RecBole's wheel on PyPI, cached).
 stage "real data"
@@ -58,10 +58,10 @@ bash launch/gpu_check.sh --rehearse --out "$(mktemp -d -t hybrid-gpu-rehearsal-X
 # A failing test prints its failure and aborts every rank (tests/conftest.py); a hanging test fails
 # after 300 s (pytest-timeout, pyproject.toml); HYBRID_MPI_TIMEOUT bounds the whole run regardless.
 stage "MPI tests on 4 ranks"
-bash launch/mpirun.sh -n 4 python -m pytest -q -p no:cacheprovider --color=no --with-mpi tests/mpi
+bash launch/mpirun.sh -n 4 python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi tests/mpi
 for ranks in ${HYBRID_TEST_RANKS:-3 5}; do
     stage "shape-dependent MPI tests on $ranks ranks"
-    bash launch/mpirun.sh -n "$ranks" python -m pytest -q -p no:cacheprovider --color=no --with-mpi -m shape tests/mpi
+    bash launch/mpirun.sh -n "$ranks" python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi -m shape tests/mpi
 done
 
 # The other MPI family (MPICH, in a venv of its own: HYBRID_TEST_MPICH=0 skips it): the tests that
@@ -75,12 +75,12 @@ if [ "${HYBRID_TEST_MPICH:-1}" = 1 ]; then
     stage "set-up MPICH"
     HYBRID_MPI=mpich HYBRID_VENV=$ROOT/.venv-mpich bash launch/setup.sh
     stage "launcher tests under MPICH"
-    HYBRID_VENV=$ROOT/.venv-mpich bash -c 'source launch/mpi_family.sh && python -m pytest -q -p no:cacheprovider \
+    HYBRID_VENV=$ROOT/.venv-mpich bash -c 'source launch/mpi_family.sh && python -m pytest -q -p no:cacheprovider --durations=10 \
         -m "not any_mpi_family" tests/unit/launch tests/unit/runtime/test_mpi_family.py \
         tests/unit/bench/test_launch_bench.py tests/unit/training/test_mpi_failfast.py \
         tests/unit/training/test_resume.py tests/unit/bench/test_e2e_bench.py'
     stage "MPI family and shape tests on 4 ranks under MPICH"
-    HYBRID_VENV=$ROOT/.venv-mpich bash launch/mpirun.sh -n 4 python -m pytest -q -p no:cacheprovider --color=no \
+    HYBRID_VENV=$ROOT/.venv-mpich bash launch/mpirun.sh -n 4 python -m pytest -q -p no:cacheprovider --durations=10 --color=no \
         --with-mpi -m "family or shape" tests/mpi
 fi
 
