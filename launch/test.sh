@@ -73,7 +73,7 @@ done
 # same calls) ran under Open MPI above.
 if [ "${HYBRID_TEST_MPICH:-1}" = 1 ]; then
     stage "set-up MPICH"
-    HYBRID_MPI=mpich HYBRID_VENV=$ROOT/.venv-mpich bash launch/setup.sh
+    HYBRID_MPI=mpich HYBRID_VENV=$ROOT/.venv-mpich HYBRID_VENV_BASE=$ROOT/.venv bash launch/setup.sh
     stage "launcher tests under MPICH"
     HYBRID_VENV=$ROOT/.venv-mpich bash -c 'source launch/mpi_family.sh && python -m pytest -q -p no:cacheprovider --durations=10 \
         -m "not any_mpi_family" tests/unit/launch tests/unit/runtime/test_mpi_family.py \
