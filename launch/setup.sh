@@ -457,7 +457,7 @@ horovod_ok() {
     other='libmpich\.so|libmpi\.so\.12'
     [ "$MPI" = mpich ] && other='libmpi\.so\.40|libopen-'
     if ldd "$library" | grep -Eq "$other"; then
-        say "Horovod in $VENV links another MPI than $MPI: $(ldd "$library" | grep -Eo "$other" | head -n 1)"
+        say "Horovod in $(dirname "$(dirname "$(dirname "$library")")") links another MPI than $MPI: $(ldd "$library" | grep -Eo "$other" | head -n 1)"
         return 1
     fi
 }
