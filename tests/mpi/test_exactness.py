@@ -1,7 +1,7 @@
 """BSP modes (HET with staleness 0 among them) equal the single-process reference (docs/design.md section 9), across ranks.
 
 World size N runs N-1 workers + 1 PS and N-2 workers + 2 PS (launch/test.sh
-runs N = 3, 4 and 5: 1-4 workers, 1-2 PS), float64, a cache small enough that
+runs N = 4, and N = 3 and 5 for the tests marked ``shape``: 1-4 workers, 1-2 PS), float64, a cache small enough that
 it evicts: final embedding tables and MLP weights must equal plain torch SGD
 on the whole global batch within 1e-9.
 """
