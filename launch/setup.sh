@@ -532,12 +532,14 @@ install_package() {
     cache=$(kernels_cache)
     restore_kernels "$cache"
     say "building the hybrid package (Cython extensions)"
-    local log="$VENV/hybrid-build.log"
+    local log="$VENV/hybrid-build.log" installed=${INSTALLED:-0}
+    # an editable install adds nothing to byte-compile: compile_installed runs only if pip installed more
     if ! "${PIP[@]}" --no-build-isolation --no-deps -e "$ROOT" >"$log" 2>&1; then
         tail -n 40 "$log" >&2
         say "building the package failed (full log: $log)"
         exit 1
     fi
+    INSTALLED=$installed
     save_kernels "$cache"
     printf '%s' "$want" >"$stamp"
 }
