@@ -70,12 +70,17 @@ pip_install() {
     fi
 }
 
+# The directory of pure-Python packages of the venv whose python is $1.
+purelib_of() {
+    "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+}
+
 # Byte-compile what pip installed, on every core: where PYTHONDONTWRITEBYTECODE is set no process
 # would ever write the .pyc files, and each would compile torch again (6.4 s against 3.0 s per import).
 compile_installed() {
     [ "${INSTALLED:-0}" = 1 ] || return 0
     say "byte-compiling the installed packages"
-    "$PY" -m compileall -q -j 0 "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    "$PY" -m compileall -q -j 0 "$(purelib_of "$PY")" \
         >/dev/null 2>&1 || true  # a few packages ship files that are not Python (templates, tests of errors)
 }
 
@@ -239,7 +244,7 @@ if sys.prefix != sys.base_prefix:
     seen = site.getsitepackages() + [p for p in sys.path if p.rstrip('/').endswith(('site-packages', 'dist-packages'))]
     print('\n'.join(dict.fromkeys(seen)))")
     [ -n "$parent" ] || return 0
-    purelib=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    purelib=$(purelib_of "$VENV/bin/python")
     printf '%s\n' "$parent" >"$purelib/hybrid-parent-venv.pth"
 }
 
@@ -248,12 +253,12 @@ if sys.prefix != sys.base_prefix:
 # and builds only mpi4py, Horovod and the package against MPICH (its set-up: 140 s alone, 30 s so).
 see_base_venv() {
     local base purelib
-    base=$("$HYBRID_VENV_BASE/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null) || {
+    base=$(purelib_of "$HYBRID_VENV_BASE/bin/python" 2>/dev/null) || {
         say "HYBRID_VENV_BASE=$HYBRID_VENV_BASE is not a virtualenv (no bin/python): set it up first, or unset it"
         rm -rf "$VENV"
         exit 2
     }
-    purelib=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    purelib=$(purelib_of "$VENV/bin/python")
     printf '%s\n' "$base" >"$purelib/hybrid-base-venv.pth"
     say "the new virtualenv sees the packages of $HYBRID_VENV_BASE"
 }
