@@ -24,6 +24,10 @@
 #   HYBRID_SKIP_HOROVOD=1  skip Horovod (training then needs horovod installed otherwise)
 #   HYBRID_VENV_BASE  a venv set up before: a new HYBRID_VENV sees its packages and installs only
 #                     what differs (launch/test.sh: the MPICH venv on the Open MPI one)
+#   HYBRID_SHARED_DEPS=1  a new HYBRID_VENV takes the third-party packages (torch, Horovod, mpi4py,
+#                     the rest of launch/requirements.txt) from a venv under HYBRID_WHEEL_DIR/venvs
+#                     shared by every clone on the machine, made by the first that asks for those pins
+#                     and that MPI: a fresh clone then installs the package alone (launch/test.sh)
 #   HOROVOD_GPU_OPERATIONS  overrides the choice above (NCCL on GPU hosts, empty otherwise)
 #   HOROVOD_BUILD_CUDA_CC_LIST  the compute capabilities Horovod's CUDA kernels are built for (default
 #                     on GPU hosts: those nvidia-smi lists, e.g. 90; Horovod's own default is every
@@ -50,6 +54,7 @@ case "${1:-}" in
     --plan) ACTION=plan ;;
     --download) ACTION=download ;;
     --horovod-wheel) ACTION=horovod-wheel ;;
+    --deps-only) ACTION=deps-only ;;  # everything but the package itself: a shared venv (HYBRID_SHARED_DEPS)
     *) printf '[setup] unknown option %s (expected --plan, --download or --horovod-wheel)\n' "$1" >&2; exit 2 ;;
 esac
 
@@ -248,19 +253,54 @@ if sys.prefix != sys.base_prefix:
     printf '%s\n' "$parent" >"$purelib/hybrid-parent-venv.pth"
 }
 
-# HYBRID_VENV_BASE: a new venv sees that venv's packages (a .pth file, after its own) and installs only
-# what differs from them: the test command's MPICH venv takes torch and the rest from the Open MPI venv
-# and builds only mpi4py, Horovod and the package against MPICH (its set-up: 140 s alone, 30 s so).
+# HYBRID_VENV_BASE: a new venv sees that venv's packages (a .pth file, after its own), and those it
+# sees itself through such a file (site does not follow a .pth file into the directories it adds), and
+# installs only what differs from them: the test command's MPICH venv takes torch and the rest from the
+# Open MPI venv and builds only mpi4py, Horovod and the package against MPICH (its set-up: 140 s alone,
+# 30 s so). The base's console scripts (horovodrun, pytest) get a copy that runs the new venv's python.
 see_base_venv() {
-    local base purelib
+    local base purelib script
     base=$(purelib_of "$HYBRID_VENV_BASE/bin/python" 2>/dev/null) || {
         say "HYBRID_VENV_BASE=$HYBRID_VENV_BASE is not a virtualenv (no bin/python): set it up first, or unset it"
         rm -rf "$VENV"
         exit 2
     }
     purelib=$(purelib_of "$VENV/bin/python")
-    printf '%s\n' "$base" >"$purelib/hybrid-base-venv.pth"
+    { echo "$base"; cat "$base"/hybrid-*venv.pth 2>/dev/null || true; } >"$purelib/hybrid-base-venv.pth"
+    for script in "$HYBRID_VENV_BASE"/bin/*; do
+        [ -e "$VENV/bin/$(basename "$script")" ] && continue
+        [ "$(head -c 2 "$script")" = "#!" ] && [ "$(head -n 1 "$script")" = "#!$(cd "$HYBRID_VENV_BASE" && pwd)/bin/python" ] \
+            || continue
+        { echo "#!$VENV/bin/python"; tail -n +2 "$script"; } >"$VENV/bin/$(basename "$script")"
+        chmod +x "$VENV/bin/$(basename "$script")"
+    done
     say "the new virtualenv sees the packages of $HYBRID_VENV_BASE"
+}
+
+# HYBRID_SHARED_DEPS=1: a new venv layers on the shared third-party venv of these pins, this Python and
+# this MPI (made here, once, under a lock: two clones set up at once make it once). On this 2-core
+# machine a fresh clone's set-up spent 165 s installing and byte-compiling torch and the rest.
+# An existing venv is left as it is.
+shared_deps() {
+    [ "${HYBRID_SHARED_DEPS:-0}" = 1 ] && [ -z "${HYBRID_VENV_BASE:-}" ] && [ "$TORCH_SOURCE" = pip ] \
+        && [ ! -x "$VENV/bin/python" ] || return 0
+    local key base
+    key=$({ python3 -VV; echo "$MPI $MPICC $MPIEXEC $GPU ${GPU_OPS:-} $TORCH_VERSION $HOROVOD_VERSION $TORCH_INDEX"
+            cat "$ROOT/launch/requirements.txt"; } | sha256sum | cut -c1-24)
+    base=$WHEEL_DIR/venvs/$key
+    mkdir -p "$WHEEL_DIR/venvs"
+    if [ ! -f "$base/.hybrid-complete" ]; then
+        say "setting up the shared third-party venv $base (once for these pins and this MPI)"
+        (
+            flock 9
+            if [ ! -f "$base/.hybrid-complete" ]; then
+                rm -rf "$base"
+                HYBRID_SHARED_DEPS=0 HYBRID_VENV=$base HYBRID_MPI=$MPI bash "$ROOT/launch/setup.sh" --deps-only
+                touch "$base/.hybrid-complete"
+            fi
+        ) 9>"$base.lock"
+    fi
+    export HYBRID_VENV_BASE=$base
 }
 
 # pip < 23.3 runs setuptools' deprecated 'develop' for editable installs.
@@ -572,6 +612,7 @@ case "$ACTION" in
 esac
 install_mpi
 horovod_dir
+shared_deps
 make_venv
 install_torch
 if [ "$ACTION" = horovod-wheel ]; then
@@ -587,6 +628,12 @@ upgrade_pip
 install_mpi4py
 install_python_deps
 install_horovod
+if [ "$ACTION" = deps-only ]; then
+    INSTALLED=1 compile_installed
+    mark_mpi
+    say "ready: the third-party packages in $VENV (no package: --deps-only)"
+    exit 0
+fi
 install_package
 compile_installed
 mark_mpi

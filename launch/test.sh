@@ -13,15 +13,24 @@ case "${1:-}" in
     *) echo "usage: launch/test.sh [--quick]" >&2; exit 2 ;;
 esac
 
-# stage NAME: starts the next stage; the seconds of every stage are printed at the end.
-timings=() current="set-up" began=$SECONDS
+# stage NAME: starts the next stage; the seconds of every stage are printed at the end, with the CPU
+# seconds its processes used (user + system, of the processes this script waited for: not those a
+# Slurm daemon started). CPU near twice the wall time: the stage kept both cores busy here.
+timings=() current="set-up" began=$SECONDS cpu_began=0 times_file=$(mktemp)
+trap 'rm -f "$times_file"' EXIT
 stage() {
-    timings+=("$current: $((SECONDS - began)) s")
-    current=$1 began=$SECONDS
+    local cpu
+    times >"$times_file"  # not in a subshell: a forked shell counts no children
+    cpu=$(awk 'NR == 2 { split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2] }' "$times_file")
+    timings+=("$current: $((SECONDS - began)) s (cpu $((cpu - cpu_began)) s)")
+    current=$1 began=$SECONDS cpu_began=$cpu
     [ "$1" = end ] && { echo "== stages: $(IFS=';'; echo "${timings[*]}" | sed 's/;/; /g')"; return; }
     echo "== $1"
 }
 
+# The third-party packages from a venv every clone on this machine shares (made by the first:
+# docs/setup.md): a fresh clone's set-up installs the package alone.
+export HYBRID_SHARED_DEPS=${HYBRID_SHARED_DEPS:-1}
 bash "$ROOT/launch/setup.sh"
 source "${HYBRID_VENV:-$ROOT/.venv}/bin/activate"
 cd "$ROOT"
@@ -29,19 +38,25 @@ cd "$ROOT"
 export HYBRID_MPI_TIMEOUT=${HYBRID_MPI_TIMEOUT:-600}
 if [ "$QUICK" = 1 ]; then
     stage "unit tests without jobs"
-    python -m pytest -q -p no:cacheprovider --durations=10 -m "not job" tests/unit
+    python -m pytest -q -p no:cacheprovider --durations=10 -n auto -m "not job" tests/unit
     stage "shape-dependent MPI tests on 3 ranks"
     bash launch/mpirun.sh -n 3 python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi -m shape tests/mpi
     stage end
     exit 0
 fi
+# Tests that start no multi-process job run on every core (pytest-xdist); those that do (marked `job`:
+# mpirun trainings, new venvs) one at a time, so that no MPI job shares its cores with other tests.
 stage "unit tests"
-python -m pytest -q -p no:cacheprovider --durations=10 tests/unit
+python -m pytest -q -p no:cacheprovider --durations=10 -n auto -m "not job" tests/unit
+stage "unit tests that start jobs"
+python -m pytest -q -p no:cacheprovider --durations=10 -m job tests/unit
 
 # Mistakes a user makes (bad configs, damaged stores, wrong input files, files that are not what they
 # claim): each must end in seconds with one line that says what to do.
 stage robustness
-python -m pytest -q -p no:cacheprovider --durations=10 tests/robustness
+python -m pytest -q -p no:cacheprovider --durations=10 -n auto -m "not job" tests/robustness
+stage "robustness: jobs"
+python -m pytest -q -p no:cacheprovider --durations=10 -m job tests/robustness
 
 # The MPI tests also train on the real MovieLens-100k (from RecBole's wheel on PyPI, cached).
 stage "real data"
@@ -75,21 +90,21 @@ if [ "${HYBRID_TEST_MPICH:-1}" = 1 ]; then
     stage "set-up MPICH"
     HYBRID_MPI=mpich HYBRID_VENV=$ROOT/.venv-mpich HYBRID_VENV_BASE=$ROOT/.venv bash launch/setup.sh
     stage "launcher tests under MPICH"
-    HYBRID_VENV=$ROOT/.venv-mpich bash -c 'source launch/mpi_family.sh && python -m pytest -q -p no:cacheprovider --durations=10 \
-        -m "not any_mpi_family" tests/unit/launch tests/unit/runtime/test_mpi_family.py \
-        tests/unit/bench/test_launch_bench.py tests/unit/training/test_mpi_failfast.py \
-        tests/unit/training/test_resume.py tests/unit/bench/test_e2e_bench.py'
+    launcher_tests=(tests/unit/launch tests/unit/runtime/test_mpi_family.py tests/unit/bench/test_launch_bench.py
+                    tests/unit/training/test_mpi_failfast.py tests/unit/training/test_resume.py tests/unit/bench/test_e2e_bench.py)
+    HYBRID_VENV=$ROOT/.venv-mpich bash -c 'source launch/mpi_family.sh && pytest=(python -m pytest -q -p no:cacheprovider --durations=10) \
+        && "${pytest[@]}" -n auto -m "not any_mpi_family and not job" "$@" && "${pytest[@]}" -m "job and not any_mpi_family" "$@"' \
+        _ "${launcher_tests[@]}"
     stage "MPI family and shape tests on 4 ranks under MPICH"
     HYBRID_VENV=$ROOT/.venv-mpich bash launch/mpirun.sh -n 4 python -m pytest -q -p no:cacheprovider --durations=10 --color=no \
         --with-mpi -m "family or shape" tests/mpi
 fi
 
 # The sbatch templates under a real Slurm of two nodes on this machine (installed with apt-get if
-# missing; skipped, saying why, where it cannot run: not root).
+# missing; skipped, saying why, where it cannot run: not root): one Slurm, the templates of both MPI
+# families submitted at once (srun --mpi=pmix and mpirun; srun --mpi=pmi2 and Hydra's mpiexec).
 stage "Slurm templates"
-bash tests/slurm/run_templates.sh
-if [ "${HYBRID_TEST_MPICH:-1}" = 1 ]; then  # srun --mpi=pmi2 and Hydra's mpiexec inside the templates
-    stage "Slurm templates under MPICH"
-    HYBRID_VENV=$ROOT/.venv-mpich bash tests/slurm/run_templates.sh
-fi
+slurm_venvs=("${HYBRID_VENV:-$ROOT/.venv}")
+[ "${HYBRID_TEST_MPICH:-1}" = 1 ] && slurm_venvs+=("$ROOT/.venv-mpich")
+bash tests/slurm/run_templates.sh "${slurm_venvs[@]}"
 stage end

@@ -22,6 +22,7 @@ from hybrid.runtime import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIRUN = mpi_jobs.launcher(2)
+pytestmark = pytest.mark.job  # real mpirun jobs: not run beside other tests (launch/test.sh)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from hybrid.runtime import checkpoint as ckpt
 
 ITERATIONS = 40
 MPIRUN = mpi_jobs.launcher(3)  # 2 workers + 1 PS
+pytestmark = pytest.mark.job  # real mpirun jobs: not run beside other tests (launch/test.sh)
 
 
 def _args(store: Path, checkpoints: Path, log: Path, *extra: str) -> list:

@@ -284,6 +284,7 @@ def plans(tmp_path_factory):
     return root
 
 
+@pytest.mark.job  # 2-rank mpirun jobs
 @pytest.mark.parametrize("case,args,message", [
     ("a NaN label", ("data.path={stores}/nan-label",), "sample 5 has a label that is not 0 or 1"),
     ("an inf dense feature", ("data.path={stores}/inf-dense",), "sample 9 has a dense feature that is not finite"),

@@ -2,6 +2,12 @@
 # The sbatch templates, for real, under a Slurm on this machine
 # (launch/slurm/local_slurm.sh: Debian's slurm-wlm and munge, installed if missing).
 #
+#   bash tests/slurm/run_templates.sh [VENV ...]   # default: $HYBRID_VENV, else .venv
+#
+# Each VENV is one MPI family (its venv's MPI: launch/mpi_family.sh). One Slurm runs the templates
+# of every family, all submitted at once: the jobs share the cores, and the time a job waits (Slurm
+# starting it, a requeued job's restart) passes while the others compute.
+#
 # preprocess.sbatch converts a Criteo-format file on 3 ranks into the store one process writes.
 # hetjob.sbatch runs its two components on the cluster's two nodes.
 # Each training template trains a small W1 smoke run with `sbatch --wait`, stopped mid-run by a
@@ -18,52 +24,61 @@ if [ "$(id -u)" != 0 ]; then
          "and install slurm-wlm with apt-get; this is not root"
     exit 0
 fi
-source "${HYBRID_VENV:-$ROOT/.venv}/bin/activate"
-source launch/mpi_family.sh  # MPI_FAMILY: single-node.sbatch launches with mpirun or Hydra's mpiexec
-plain_launcher=$([ "$MPI_FAMILY" = mpich ] && echo "mpiexec (MPICH)" || echo mpirun)
+venvs=("$@")
+[ ${#venvs[@]} -gt 0 ] || venvs=("${HYBRID_VENV:-$ROOT/.venv}")
+for venv in "${venvs[@]}"; do
+    [ -x "$venv/bin/python" ] || { echo "FAILED: $venv is not a virtualenv (run launch/setup.sh)" >&2; exit 1; }
+done
+source "${venvs[0]}/bin/activate"
+# Every template of every family at once: 4 + 3 + 3 + 4 tasks per family, on the node of the default
+# partition (its declared CPUs, not the host's: tasks share the real cores).
+export HYBRID_SLURM_CPUS=${HYBRID_SLURM_CPUS:-$(( 16 * ${#venvs[@]} ))}
 bash launch/slurm/local_slurm.sh start
 export SLURM_CONF=${HYBRID_SLURM_DIR:-/tmp/hybrid-slurm}/etc/slurm.conf
 work=$(mktemp -d /tmp/hybrid-slurm-test.XXXXXX)
-jobs_run=()
-trap 'bash launch/slurm/local_slurm.sh stop; rm -rf "$work"; for id in "${jobs_run[@]}"; do rm -f results/"$id"-*; done' EXIT
+trap 'bash launch/slurm/local_slurm.sh stop; while read -r id; do rm -f results/"$id"-*; done < <(cat "$work"/*/*.id 2>/dev/null); rm -rf "$work"' EXIT
 hybrid synth --like criteo-kaggle --rows 20000 --scale 0.001 --seed 1 --out "$work/store" >/dev/null
+python -c "from hybrid.data.criteo_text import write_criteo_text; write_criteo_text('$work/day_0', lines=20000)"
+hybrid preprocess --format criteo --processes 1 --out "$work/pp-one" "$work/day_0" > /dev/null 2>&1
 WAIT=${HYBRID_SLURM_JOB_TIMEOUT:-400}
 
+# fail MESSAGE: this test failed; its job's output, and Slurm's view where a job never ended.
 fail() {
     echo "FAILED: $1" >&2
-    for out in "$work"/*.out; do echo "== $out" >&2; cat "$out" >&2; done
+    for file in "$out"/*.out; do echo "== $file" >&2; cat "$file" >&2; done
+    squeue --steps >&2 2>/dev/null || true
     exit 1
 }
 
-# preempt_and_resume NAME TEMPLATE SCANCEL_OPTION SIGNAL_SEEN LAUNCHED: stopped after 30 iterations,
-# requeued, resumed to the end; both runs launched as LAUNCHED says.
+# preempt_and_resume NAME TEMPLATE SCANCEL_OPTION SIGNAL_SEEN LAUNCHED: signalled once 30 of its 150
+# iterations are logged (it stopped after 40-63 here), requeued, resumed to the end; both runs
+# launched as LAUNCHED says.
 preempt_and_resume() {
-    local name=$1 template=$2 option=$3 seen=$4 launched=$5 id status=0 iterations=300
+    local name=$1 template=$2 option=$3 seen=$4 launched=$5 id status=0 iterations=150
     echo "== $template: SIGTERM ($option) mid-run, requeue, resume"
-    timeout "$WAIT" sbatch --wait --parsable --ntasks=4 -o "$work/$name.out" "launch/slurm/$template" \
+    timeout "$WAIT" sbatch --wait --parsable --ntasks=4 -o "$out/$name.out" "launch/slurm/$template" \
         configs/w1-smoke.yaml "data.path=$work/store" train.batch_per_worker=16 "train.iterations=$iterations" \
-        "train.checkpoint_dir=$work/ck-$name" > "$work/$name.id" &
+        "train.checkpoint_dir=$out/ck-$name" > "$out/$name.id" &
     local submitter=$!
     for _ in $(seq 1 "$WAIT"); do
-        id=$(cat "$work/$name.id" 2>/dev/null || true)
+        id=$(cat "$out/$name.id" 2>/dev/null || true)
         [ -n "$id" ] && [ -f "results/$id-0.jsonl" ] && [ "$(wc -l < "results/$id-0.jsonl")" -ge 30 ] && break
         kill -0 "$submitter" 2>/dev/null || fail "$template ended before it was signalled"
         sleep 1
     done
     [ -n "$id" ] || fail "$template was not submitted"
-    jobs_run+=("$id")
     scancel -s TERM ${option:+"$option"} "$id"
     wait "$submitter" || status=$?
     [ "$status" -eq 0 ] || fail "$template exited $status after the signal and the requeue"
-    grep -Eq "stopped by $seen on rank [0-9]+ after iteration" "$work/$name.out" || fail "$template did not stop on $seen"
-    grep -q "requeueing job $id" "$work/$name.out" || fail "$template did not requeue itself"
-    grep -q "resuming from $work/ck-$name/step-" "$work/$name.out" || fail "the requeued run did not resume"
+    grep -Eq "stopped by $seen on rank [0-9]+ after iteration" "$out/$name.out" || fail "$template did not stop on $seen"
+    grep -q "requeueing job $id" "$out/$name.out" || fail "$template did not requeue itself"
+    grep -q "resuming from $out/ck-$name/step-" "$out/$name.out" || fail "the requeued run did not resume"
     # 4 ranks on this machine's cores: each rank decides to yield while it waits in MPI (docs/cluster.md)
     if [ "$(nproc)" -lt 8 ]; then
         [ "$(grep -c "launched by $launched on .*MPI yields while idle (hybrid: 4 ranks x 2 threads >" \
-            "$work/$name.out")" = 2 ] || fail "$template: its two runs did not report '$launched' and yielding"
+            "$out/$name.out")" = 2 ] || fail "$template: its two runs did not report '$launched' and yielding"
     fi
-    echo "ok: $(grep -o 'launched by .*' "$work/$name.out" | tail -1)"
+    echo "ok: $(grep -o 'launched by .*' "$out/$name.out" | tail -1)"
     python - "results/$id-0.json" "results/$id-1.json" "$iterations" <<'PY' || fail "$template: runs do not add up"
 import json, sys
 first, second = (json.load(open(p)) for p in sys.argv[1:3])
@@ -80,14 +95,11 @@ PY
 preprocess_on_ranks() {
     local status=0
     echo "== preprocess.sbatch: 3 ranks"
-    python -c "from hybrid.data.criteo_text import write_criteo_text; write_criteo_text('$work/day_0', lines=20000)"
-    hybrid preprocess --format criteo --processes 1 --out "$work/pp-one" "$work/day_0" > /dev/null 2>&1
-    timeout "$WAIT" sbatch --wait --parsable --ntasks=3 -o "$work/pp.out" launch/slurm/preprocess.sbatch \
-        --format criteo --part-mb 0.5 --out "$work/pp-slurm" "$work/day_0" > "$work/pp.id" || status=$?
-    jobs_run+=("$(cat "$work/pp.id")")
+    timeout "$WAIT" sbatch --wait --parsable --ntasks=3 -o "$out/pp.out" launch/slurm/preprocess.sbatch \
+        --format criteo --part-mb 0.5 --out "$out/pp-slurm" "$work/day_0" > "$out/pp.id" || status=$?
     [ "$status" -eq 0 ] || fail "preprocess.sbatch exited $status"
-    grep -q "preprocessed 20000 lines in .* on 3 ranks" "$work/pp.out" || fail "preprocess.sbatch did not run on 3 ranks"
-    python - "$work/pp-one" "$work/pp-slurm" <<'PY' || fail "preprocess.sbatch wrote another store"
+    grep -q "preprocessed 20000 lines in .* on 3 ranks" "$out/pp.out" || fail "preprocess.sbatch did not run on 3 ranks"
+    python - "$work/pp-one" "$out/pp-slurm" <<'PY' || fail "preprocess.sbatch wrote another store"
 import json, sys
 one, slurm = (json.load(open(f"{p}/meta.json"))["fingerprint"] for p in sys.argv[1:3])
 assert one == slurm, (one, slurm)
@@ -103,15 +115,14 @@ het_job() {
     local status=0
     echo "== hetjob.sbatch: 3 workers and 1 PS as two components on two nodes"
     sed -e 's/^#SBATCH --partition=gpu .*/#SBATCH --partition=debug --ntasks=3/' \
-        -e 's/^#SBATCH --partition=cpu .*/#SBATCH --partition=het --ntasks=1/' launch/slurm/hetjob.sbatch > "$work/hetjob.sbatch"
-    [ "$(grep -c '^#SBATCH --partition=.* --ntasks=[13]$' "$work/hetjob.sbatch")" = 2 ] \
+        -e 's/^#SBATCH --partition=cpu .*/#SBATCH --partition=het --ntasks=1/' launch/slurm/hetjob.sbatch > "$out/hetjob.sbatch"
+    [ "$(grep -c '^#SBATCH --partition=.* --ntasks=[13]$' "$out/hetjob.sbatch")" = 2 ] \
         || fail "hetjob.sbatch's two component lines were not found"
-    HYBRID_TCP=1 timeout "$WAIT" sbatch --wait --parsable -o "$work/het.out" "$work/hetjob.sbatch" configs/w1-smoke.yaml \
-        "data.path=$work/store" train.batch_per_worker=16 train.iterations=30 "train.checkpoint_dir=$work/ck-het" \
-        > "$work/het.id" || status=$?
-    jobs_run+=("$(cat "$work/het.id")")
+    HYBRID_TCP=1 timeout "$WAIT" sbatch --wait --parsable -o "$out/het.out" "$out/hetjob.sbatch" configs/w1-smoke.yaml \
+        "data.path=$work/store" train.batch_per_worker=16 train.iterations=30 "train.checkpoint_dir=$out/ck-het" \
+        > "$out/het.id" || status=$?
     [ "$status" -eq 0 ] || fail "hetjob.sbatch exited $status"
-    python - "results/$(cat "$work/het.id")-0.json" <<'PY' || fail "hetjob.sbatch: not 3 workers on one node and the PS on another"
+    python - "results/$(cat "$out/het.id")-0.json" <<'PY' || fail "hetjob.sbatch: not 3 workers on one node and the PS on another"
 import json, sys
 summary = json.load(open(sys.argv[1]))
 launch, roles = summary["launch"], [r["role"] for r in summary["ranks"]]
@@ -124,8 +135,40 @@ print(f"ok: hetjob.sbatch: 3 workers on one node (SLURM_STEP_TASKS_PER_NODE), th
 PY
 }
 
-preprocess_on_ranks
-het_job
-preempt_and_resume single single-node.sbatch -b SIGUSR1 "$plain_launcher via single-node.sbatch"
-preempt_and_resume srun train.sbatch "" SIGTERM "srun via train.sbatch"
-echo "Slurm templates: all passed ($MPI_FAMILY)"
+single_node() { preempt_and_resume single single-node.sbatch -b SIGUSR1 "$plain_launcher via single-node.sbatch"; }
+
+# run_test VENV NAME FUNCTION [ARGS]: FUNCTION in the background, in VENV's MPI family; its output in
+# $work/FAMILY-NAME/log, its jobs' files beside it ($out).
+tests=()
+run_test() {
+    local venv=$1 name=$2 family
+    family=$(HYBRID_VENV=$venv bash -c 'source launch/mpi_family.sh && echo "$MPI_FAMILY"')
+    local out=$work/$family-$name
+    mkdir -p "$out"
+    (
+        export HYBRID_VENV=$venv  # the templates activate it; the jobs run in its MPI
+        source "$venv/bin/activate"
+        source launch/mpi_family.sh
+        plain_launcher=$([ "$MPI_FAMILY" = mpich ] && echo "mpiexec (MPICH)" || echo mpirun)
+        "${@:3}"
+    ) > "$out/log" 2>&1 &
+    tests+=("$!:$family $name:$out")
+}
+
+for venv in "${venvs[@]}"; do
+    run_test "$venv" preprocess preprocess_on_ranks
+    run_test "$venv" hetjob het_job
+    run_test "$venv" single-node single_node
+    run_test "$venv" train preempt_and_resume srun train.sbatch "" SIGTERM "srun via train.sbatch"
+done
+failed=()
+for test in "${tests[@]}"; do
+    IFS=: read -r pid label out <<< "$test"
+    status=0
+    wait "$pid" || status=$?
+    echo "== $label"
+    cat "$out/log"
+    [ "$status" -eq 0 ] || failed+=("$label")
+done
+[ ${#failed[@]} -eq 0 ] || { echo "Slurm templates: FAILED: ${failed[*]}" >&2; exit 1; }
+echo "Slurm templates: all passed (${#tests[@]} tests: $(for v in "${venvs[@]}"; do HYBRID_VENV=$v bash -c 'source launch/mpi_family.sh && echo -n "$MPI_FAMILY "'; done))"
