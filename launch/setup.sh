@@ -231,8 +231,12 @@ make_venv() {
             python3 -m venv --system-site-packages "$VENV"
             see_parent_venv
         else
-            python3 -m venv "$VENV"
-            [ -n "${HYBRID_VENV_BASE:-}" ] && see_base_venv
+            if [ -n "${HYBRID_VENV_BASE:-}" ]; then
+                python3 -m venv --without-pip "$VENV"  # pip too comes from the base (6 s less here)
+                see_base_venv
+            else
+                python3 -m venv "$VENV"
+            fi
         fi
     fi
     PY="$VENV/bin/python"
