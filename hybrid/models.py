@@ -119,8 +119,39 @@ MODELS = {ModelName.dlrm: DLRM, ModelName.wide_deep: WideAndDeep, ModelName.deep
 
 def dense_optimizer(config, parameters) -> torch.optim.Optimizer:
     """The configured optimizer of the MLP parameters (embeddings: ``hybrid.embedding_optimizer``)."""
-    classes = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
-    return classes[config.train.dense_optimizer.value](parameters, lr=config.train.dense_lr)
+    return _EAGER[config.train.dense_optimizer.value](parameters, lr=config.train.dense_lr)
+
+
+def _eager(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """``cls`` without the guards torch puts around its optimizers for ``torch.compile``.
+
+    The first call of a guarded method (the constructor's ``add_param_group``,
+    ``step``) imports ``torch._dynamo``: 2.8 s of CPU on every worker of every
+    job here, before its first iteration, and nothing here is compiled. These are
+    torch's own methods (the functions the guards wrap), the step run with
+    gradients off as the guard runs it, so the results are torch's bit for bit
+    (tests/unit/test_models.py). A torch whose methods are not wrapped that way
+    keeps its classes.
+    """
+    guarded = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
+    if not all(hasattr(getattr(torch.optim.Optimizer, name), "__wrapped__") for name in guarded) \
+            or not hasattr(cls.step, "__wrapped__"):
+        return cls
+    raw_step = cls.step.__wrapped__
+
+    def step(self, closure=None):
+        enabled = torch.is_grad_enabled()
+        torch.set_grad_enabled(self.defaults["differentiable"])
+        try:
+            return raw_step(self, closure)
+        finally:
+            torch.set_grad_enabled(enabled)
+
+    methods = {name: getattr(torch.optim.Optimizer, name).__wrapped__ for name in guarded}
+    return type(cls.__name__, (cls,), {**methods, "step": step, "__doc__": cls.__doc__})
+
+
+_EAGER = {"sgd": _eager(torch.optim.SGD), "adagrad": _eager(torch.optim.Adagrad), "adam": _eager(torch.optim.Adam)}
 
 
 def build_model(config: ModelConfig, *, n_dense: int, n_tables: int, seed: int) -> nn.Module:
