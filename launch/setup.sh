@@ -37,6 +37,7 @@
 #   --download  download every package into HYBRID_WHEEL_DIR for a later HYBRID_OFFLINE=1 run
 #   --horovod-wheel  only build Horovod's wheel into the wheel cache, installing nothing (a later plain
 #               run installs it): the GPU check builds it while other stages run
+#   --deps-only  everything but the package itself (what HYBRID_SHARED_DEPS makes the shared venv with)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -55,7 +56,7 @@ case "${1:-}" in
     --download) ACTION=download ;;
     --horovod-wheel) ACTION=horovod-wheel ;;
     --deps-only) ACTION=deps-only ;;  # everything but the package itself: a shared venv (HYBRID_SHARED_DEPS)
-    *) printf '[setup] unknown option %s (expected --plan, --download or --horovod-wheel)\n' "$1" >&2; exit 2 ;;
+    *) printf '[setup] unknown option %s (expected --plan, --download, --horovod-wheel or --deps-only)\n' "$1" >&2; exit 2 ;;
 esac
 
 say() { printf '[setup] %s\n' "$*" >&2; }

@@ -198,4 +198,4 @@ def test_building_horovods_wheel_where_it_already_imports_builds_and_installs_no
 def test_an_unknown_option_names_the_options(tmp_path):
     result = _setup(tmp_path, "--horovod")
     assert result.returncode == 2
-    assert result.stderr.strip() == "[setup] unknown option --horovod (expected --plan, --download or --horovod-wheel)"
+    assert result.stderr.strip() == "[setup] unknown option --horovod (expected --plan, --download, --horovod-wheel or --deps-only)"
