@@ -264,7 +264,7 @@ if sys.prefix != sys.base_prefix:
 # Open MPI venv and builds only mpi4py, Horovod and the package against MPICH (its set-up: 140 s alone,
 # 30 s so). The base's console scripts (horovodrun, pytest) get a copy that runs the new venv's python.
 see_base_venv() {
-    local base purelib script
+    local base purelib script name
     base=$(purelib_of "$HYBRID_VENV_BASE/bin/python" 2>/dev/null) || {
         say "HYBRID_VENV_BASE=$HYBRID_VENV_BASE is not a virtualenv (no bin/python): set it up first, or unset it"
         rm -rf "$VENV"
@@ -273,11 +273,10 @@ see_base_venv() {
     purelib=$(purelib_of "$VENV/bin/python")
     { echo "$base"; cat "$base"/hybrid-*venv.pth 2>/dev/null || true; } >"$purelib/hybrid-base-venv.pth"
     for script in "$HYBRID_VENV_BASE"/bin/*; do
-        [ -e "$VENV/bin/$(basename "$script")" ] && continue
-        [ "$(head -c 2 "$script")" = "#!" ] && [ "$(head -n 1 "$script")" = "#!$(cd "$HYBRID_VENV_BASE" && pwd)/bin/python" ] \
-            || continue
-        { echo "#!$VENV/bin/python"; tail -n +2 "$script"; } >"$VENV/bin/$(basename "$script")"
-        chmod +x "$VENV/bin/$(basename "$script")"
+        name=$VENV/bin/$(basename "$script")
+        [ ! -e "$name" ] && [ "$(head -n 1 "$script")" = "#!$(cd "$HYBRID_VENV_BASE" && pwd)/bin/python" ] || continue
+        { echo "#!$VENV/bin/python"; tail -n +2 "$script"; } >"$name"
+        chmod +x "$name"
     done
     say "the new virtualenv sees the packages of $HYBRID_VENV_BASE"
 }
@@ -634,7 +633,7 @@ install_mpi4py
 install_python_deps
 install_horovod
 if [ "$ACTION" = deps-only ]; then
-    INSTALLED=1 compile_installed
+    compile_installed
     mark_mpi
     say "ready: the third-party packages in $VENV (no package: --deps-only)"
     exit 0
