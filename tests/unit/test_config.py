@@ -48,6 +48,23 @@ def test_an_empty_override_is_an_empty_value():
     assert load_config(CONFIGS[0], ["cluster.shard_plan="]).cluster.shard_plan == "" != plain.cluster.shard_plan
 
 
+def test_loads_never_see_one_another(tmp_path):
+    """The schema and a file's merged text are built once per process (hybrid/config.py): no load may
+    change what a later one returns, and a file rewritten between loads is read anew."""
+    defaults = load_config()
+    assert load_config(None, ["cluster.workers=3", "model.top_mlp=[8,4]"]).cluster.workers == 3
+    first = load_config(CONFIGS[0])
+    first.model.top_mlp.append(99)
+    first.cluster.workers = 77
+    assert load_config() == defaults
+    assert load_config(CONFIGS[0]).model.top_mlp == load_config(CONFIGS[0], ["seed=1"]).model.top_mlp != \
+        first.model.top_mlp
+    path = tmp_path / "changing.yaml"
+    for workers in (2, 5):
+        path.write_text(f"cluster: {{workers: {workers}}}\n")
+        assert load_config(path).cluster.workers == workers
+
+
 def test_digest_depends_on_values():
     base = load_config(CONFIGS[0])
     assert base.digest() == load_config(CONFIGS[0]).digest()
