@@ -554,7 +554,11 @@ restore_kernels() {
     local cache=$1 file
     [ -f "$cache/complete" ] || return 0
     for file in "$cache"/*.c "$cache"/*.h; do cp "$file" "$ROOT/cython_ext/"; done
-    for file in "$cache"/*.so; do cp "$file" "$ROOT/hybrid/_ext/"; done
+    # Each module replaced by a rename, never rewritten in place: a process that has it loaded (a test
+    # run, a training) keeps its own copy instead of crashing (a unit test run here died with SIGSEGV).
+    for file in "$cache"/*.so; do
+        cp "$file" "$ROOT/hybrid/_ext/.$(basename "$file").$$" && mv -f "$ROOT/hybrid/_ext/.$(basename "$file").$$" "$ROOT/hybrid/_ext/$(basename "$file")"
+    done
     touch "$ROOT"/cython_ext/*.c "$ROOT"/cython_ext/*.h
     touch "$ROOT"/hybrid/_ext/*.so
     export HYBRID_KERNELS_CACHED=1  # setup.py's build_ext then takes them as built
