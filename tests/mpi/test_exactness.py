@@ -29,11 +29,18 @@ def store_path():
         yield path
 
 
-@pytest.mark.shape
+# Every model reads the same [batch, tables, dim] rows, so which rows move between which ranks, the
+# part that depends on the shape, does not depend on the model: at 3 and 5 ranks (and under MPICH) the
+# modes run with the two models whose MLPs differ most (DLRM's bottom MLP and interaction; NCF, which
+# reads no dense features); the full product runs on 4 ranks.
+SHAPE_MODELS = [pytest.param(m, marks=pytest.mark.shape) if m in ("dlrm", "ncf") else m
+                for m in ("dlrm", "wide_deep", "deepfm", "dcn", "ncf")]
+
+
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["vanilla", "laia", "plan", "herald", "het"])
-@pytest.mark.parametrize("model", ["dlrm", "wide_deep", "deepfm", "dcn", "ncf"])
+@pytest.mark.parametrize("model", SHAPE_MODELS)
 @pytest.mark.parametrize("n_ps", [1, 2])
 def test_bsp_modes_equal_the_single_process_reference(store_path, mode, model, n_ps):
     world = MPI.COMM_WORLD

@@ -56,8 +56,8 @@ fail() {
 preempt_and_resume() {
     local name=$1 template=$2 option=$3 seen=$4 launched=$5 id status=0 iterations=150
     echo "== $template: SIGTERM ($option) mid-run, requeue, resume"
-    timeout "$WAIT" sbatch --wait --parsable --ntasks=4 -o "$out/$name.out" "launch/slurm/$template" \
-        configs/w1-smoke.yaml "data.path=$work/store" train.batch_per_worker=16 "train.iterations=$iterations" \
+    timeout "$WAIT" sbatch --wait --parsable --ntasks=3 -o "$out/$name.out" "launch/slurm/$template" \
+        configs/w1-smoke.yaml cluster.workers=2 "data.path=$work/store" train.batch_per_worker=16 "train.iterations=$iterations" \
         "train.checkpoint_dir=$out/ck-$name" > "$out/$name.id" &
     local submitter=$!
     for _ in $(seq 1 "$WAIT"); do
@@ -73,9 +73,9 @@ preempt_and_resume() {
     grep -Eq "stopped by $seen on rank [0-9]+ after iteration" "$out/$name.out" || fail "$template did not stop on $seen"
     grep -q "requeueing job $id" "$out/$name.out" || fail "$template did not requeue itself"
     grep -q "resuming from $out/ck-$name/step-" "$out/$name.out" || fail "the requeued run did not resume"
-    # 4 ranks on this machine's cores: each rank decides to yield while it waits in MPI (docs/cluster.md)
-    if [ "$(nproc)" -lt 8 ]; then
-        [ "$(grep -c "launched by $launched on .*MPI yields while idle (hybrid: 4 ranks x 2 threads >" \
+    # 3 ranks on this machine's cores: each rank decides to yield while it waits in MPI (docs/cluster.md)
+    if [ "$(nproc)" -lt 6 ]; then
+        [ "$(grep -c "launched by $launched on .*MPI yields while idle (hybrid: 3 ranks x 2 threads >" \
             "$out/$name.out")" = 2 ] || fail "$template: its two runs did not report '$launched' and yielding"
     fi
     echo "ok: $(grep -o 'launched by .*' "$out/$name.out" | tail -1)"

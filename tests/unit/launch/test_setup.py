@@ -154,6 +154,7 @@ def test_a_set_up_machine_checks_out_offline_without_any_network(tmp_path):
 
 
 @pytest.mark.job
+@pytest.mark.any_mpi_family  # the GPU branch's refusal reads torch alone: the same under either MPI
 @pytest.mark.skipif(bool(_no_network_namespace()), reason=_no_network_namespace() or "runs")
 @pytest.mark.skipif(torch.version.cuda is not None, reason="this PyTorch is a CUDA build")
 def test_a_gpu_host_refuses_a_cpu_build_of_pytorch_saying_what_to_do_and_changes_nothing(tmp_path):
@@ -168,6 +169,7 @@ def test_a_gpu_host_refuses_a_cpu_build_of_pytorch_saying_what_to_do_and_changes
 
 
 @pytest.mark.job
+@pytest.mark.any_mpi_family  # the GPU branch's refusal reads torch alone: the same under either MPI
 @pytest.mark.skipif(bool(_no_network_namespace()), reason=_no_network_namespace() or "runs")
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs a python that runs from a venv")
 @pytest.mark.skipif(torch.version.cuda is not None, reason="this PyTorch is a CUDA build")
