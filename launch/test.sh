@@ -36,6 +36,11 @@ source "${HYBRID_VENV:-$ROOT/.venv}/bin/activate"
 cd "$ROOT"
 # HYBRID_MPI_TIMEOUT bounds every MPI run (tests' own jobs included) regardless of what hangs.
 export HYBRID_MPI_TIMEOUT=${HYBRID_MPI_TIMEOUT:-600}
+# OpenMP threads that wait instead of spinning: pytest-xdist runs a test process per core, each with
+# OpenMP threads (the kernels' prange, torch's) that by default spin after every parallel region and
+# take the other processes' cores. The scheduler's 1000-iteration determinism tests took 42-84 s that
+# way beside one another, 12-15 s with this (docs/testing.md). A user's own setting wins.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 if [ "$QUICK" = 1 ]; then
     stage "unit tests without jobs"
     python -m pytest -q -p no:cacheprovider --durations=10 -n auto -m "not job" tests/unit
