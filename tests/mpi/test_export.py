@@ -8,6 +8,7 @@ run's summary (to 1e-6).
 """
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -49,21 +50,28 @@ def fresh_process():
     if MPI.COMM_WORLD.rank != 0:
         yield None
         return
-    process = subprocess.Popen([sys.executable, "-c", _PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    yield process
-    process.kill()
-    process.communicate()
+    with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: warnings can never fill it and block
+        process = subprocess.Popen([sys.executable, "-c", _PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=errors, text=True)
+        process.errors = errors
+        yield process
+        process.kill()
+        process.wait()
 
 
 def _loaded_alone(process: subprocess.Popen, path: Path) -> str:
     """What the fresh process says after loading ``path``: the MPI and Horovod modules it has (or why it ended)."""
-    process.stdin.write(f"{path}\n")
-    process.stdin.flush()
-    answer = process.stdout.readline().strip()
+    try:
+        process.stdin.write(f"{path}\n")
+        process.stdin.flush()
+        answer = process.stdout.readline().strip()
+    except BrokenPipeError:
+        answer = ""
     if not answer:
         process.kill()
-        return f"the process ended: {process.communicate()[1]}"
+        process.wait()
+        process.errors.seek(0)
+        return f"the process ended: {process.errors.read()}"
     return answer
 
 
