@@ -551,13 +551,14 @@ kernels_cache() {
 # them took 66 s on 2 cores): the generated C and the modules, each newer than what it is made from,
 # so that cythonize and build_ext take them as up to date.
 restore_kernels() {
-    local cache=$1 file
+    local cache=$1 file target
     [ -f "$cache/complete" ] || return 0
     for file in "$cache"/*.c "$cache"/*.h; do cp "$file" "$ROOT/cython_ext/"; done
     # Each module replaced by a rename, never rewritten in place: a process that has it loaded (a test
     # run, a training) keeps its own copy instead of crashing (a unit test run here died with SIGSEGV).
     for file in "$cache"/*.so; do
-        cp "$file" "$ROOT/hybrid/_ext/.$(basename "$file").$$" && mv -f "$ROOT/hybrid/_ext/.$(basename "$file").$$" "$ROOT/hybrid/_ext/$(basename "$file")"
+        target=$ROOT/hybrid/_ext/$(basename "$file")
+        cp "$file" "$target.$$.partial" && mv -f "$target.$$.partial" "$target"
     done
     touch "$ROOT"/cython_ext/*.c "$ROOT"/cython_ext/*.h
     touch "$ROOT"/hybrid/_ext/*.so
