@@ -103,5 +103,5 @@ setup(
         "pyarrow>=14",
         "pandas>=2.0",
     ],
-    entry_points={"console_scripts": ["hybrid=hybrid.cli:main"]},
+    entry_points={"console_scripts": ["hybrid=hybrid.cli:process_main"]},
 )

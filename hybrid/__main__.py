@@ -2,9 +2,9 @@
 import sys
 
 try:
-    from hybrid.cli import main
+    from hybrid.cli import process_main
 except KeyboardInterrupt:  # Ctrl-C (or a signal to an MPI rank) while the command loads: nothing was done yet
     print("hybrid: interrupted while starting", file=sys.stderr)
     sys.exit(130)
 
-sys.exit(main())
+sys.exit(process_main())

@@ -161,3 +161,26 @@ def test_a_simulation_within_the_warm_up_says_so(tmp_path, capsys):
     config = _simulation_config(tmp_path, 200)  # 180 training samples: 5 global batches of 32
     assert main(["simulate", "--config", str(config)]) == 1
     assert "all within scheduler.warmup_iterations=10" in capsys.readouterr().err
+
+
+def test_the_process_entry_ends_like_main_with_what_torch_loaded_frozen(monkeypatch, capsys):
+    """``hybrid`` and ``python -m hybrid`` run ``process_main``: main's status and output, then every object
+    left alive frozen, so the interpreter's exit does not collect them (docs/testing.md: 0.4 s per job)."""
+    import gc
+
+    import torch  # noqa: F401  (what a worker rank has loaded when it exits)
+
+    from hybrid.cli import process_main
+
+    monkeypatch.setattr(sys, "argv", ["hybrid", "config", "no-such-config.yaml"])
+    gc.unfreeze()
+    try:
+        assert process_main() == 1
+        assert gc.get_freeze_count() > 100_000
+    finally:
+        gc.unfreeze()
+    assert "no-such-config.yaml" in capsys.readouterr().err
+    console = subprocess.run([sys.executable, "-c", "from importlib.metadata import entry_points; "
+                              "print(entry_points(group='console_scripts')['hybrid'].value)"],
+                             capture_output=True, text=True)
+    assert console.stdout.strip() == "hybrid.cli:process_main", console.stdout + console.stderr
