@@ -76,23 +76,22 @@ stage "GPU check rehearsal"
 bash launch/gpu_check.sh --rehearse --out "$(mktemp -d -t hybrid-gpu-rehearsal-XXXXXX)"
 
 # 4 ranks: 3 workers + 1 PS and 2 + 2, every test; then the tests whose outcome depends on the shape
-# (marked `shape`) on 3 ranks (2 + 1 and 1 + 2: one worker alone) and 5 (4 + 1 and 3 + 2).
+# (marked `shape`) on 5 ranks (4 + 1 and 3 + 2) and, under MPICH below, on 3 (2 + 1 and 1 + 2: one
+# worker alone): every shape runs each of them once, in one MPI family or the other.
 # A failing test prints its failure and aborts every rank (tests/conftest.py); a hanging test fails
 # after 300 s (pytest-timeout, pyproject.toml); HYBRID_MPI_TIMEOUT bounds the whole run regardless.
 stage "MPI tests on 4 ranks"
 bash launch/mpirun.sh -n 4 python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi tests/mpi
-for ranks in ${HYBRID_TEST_RANKS:-3 5}; do
-    stage "shape-dependent MPI tests on $ranks ranks"
-    bash launch/mpirun.sh -n "$ranks" python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi -m shape tests/mpi
-done
+stage "shape-dependent MPI tests on 5 ranks"
+bash launch/mpirun.sh -n 5 python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi -m shape tests/mpi
 
-# The other MPI family (MPICH, in a venv of its own: HYBRID_TEST_MPICH=0 skips it): the tests that
-# launch MPI jobs themselves (a failing or killed rank, SIGTERM to the launcher, horovodrun, a
-# waiting rank that yields where ranks share cores, ranks across emulated hosts) but not those
-# marked any_mpi_family (what they check is the same under any MPI), then, on 4 ranks (3 + 1 and
-# 2 + 2), the MPI tests of the MPI's own behaviour (marked `family`: windows, collectives, agreement)
-# and those whose outcome depends on the shape. The rest (more models, modes and cache sizes over the
-# same calls) ran under Open MPI above.
+# The other MPI family (MPICH, in a venv of its own): the tests that launch MPI jobs themselves (a
+# failing or killed rank, SIGTERM to the launcher, horovodrun, a waiting rank that yields where ranks
+# share cores, ranks across emulated hosts) but not those marked any_mpi_family (what they check is
+# the same under any MPI), then, on 3 ranks (2 + 1 and 1 + 2), the MPI tests of the MPI's own
+# behaviour (marked `family`: windows, collectives, agreement) and those whose outcome depends on the
+# shape. The rest (more models, modes and cache sizes over the same calls) ran under Open MPI above.
+# HYBRID_TEST_MPICH=0 skips MPICH: the shape tests on 3 ranks then run under Open MPI.
 if [ "${HYBRID_TEST_MPICH:-1}" = 1 ]; then
     stage "set-up MPICH"
     HYBRID_MPI=mpich HYBRID_VENV=$ROOT/.venv-mpich HYBRID_VENV_BASE=$ROOT/.venv bash launch/setup.sh
@@ -102,9 +101,12 @@ if [ "${HYBRID_TEST_MPICH:-1}" = 1 ]; then
     HYBRID_VENV=$ROOT/.venv-mpich bash -c 'source launch/mpi_family.sh && pytest=(python -m pytest -q -p no:cacheprovider --durations=10) \
         && "${pytest[@]}" -n auto -m "not any_mpi_family and not job" "$@" && "${pytest[@]}" -m "job and not any_mpi_family" "$@"' \
         _ "${launcher_tests[@]}"
-    stage "MPI family and shape tests on 4 ranks under MPICH"
-    HYBRID_VENV=$ROOT/.venv-mpich bash launch/mpirun.sh -n 4 python -m pytest -q -p no:cacheprovider --durations=10 --color=no \
+    stage "MPI family and shape tests on 3 ranks under MPICH"
+    HYBRID_VENV=$ROOT/.venv-mpich bash launch/mpirun.sh -n 3 python -m pytest -q -p no:cacheprovider --durations=10 --color=no \
         --with-mpi -m "family or shape" tests/mpi
+else
+    stage "shape-dependent MPI tests on 3 ranks"
+    bash launch/mpirun.sh -n 3 python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi -m shape tests/mpi
 fi
 
 # The sbatch templates under a real Slurm of two nodes on this machine (installed with apt-get if

@@ -79,6 +79,32 @@ def act_mid_run(command: list, ready, what: str, act, timeout: float = 120) -> t
     return process.returncode, output
 
 
+def kill_rank_mid_run(command: list, ready, what: str, rank: int) -> str:
+    """kill -9 of one world rank once ``ready()``: the job must end non-zero within 30 s, the MPI's
+    launcher naming what died; the job's output.
+
+    Open MPI names the rank, its PID and the signal; Hydra (MPICH) names the
+    PID and node of the first rank it saw end badly: the victim, or one it took down.
+    """
+    import signal
+
+    killed = []
+
+    def kill(process):
+        signal_rank(rank, signal.SIGKILL)(process)
+        killed.append(time.monotonic())
+
+    status, output = act_mid_run(command, ready, what, kill, timeout=60)
+    assert time.monotonic() - killed[0] < 30, output
+    assert status != 0, output
+    if FAMILY.name == "openmpi":
+        assert f"process rank {rank} with PID" in output and "signal 9" in output, output  # and the node
+    else:
+        assert "BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES" in output and "Killed (signal 9)" in output, \
+            output
+    return output
+
+
 def signal_rank(rank: int, signum: int):
     """An ``act`` for :func:`act_mid_run`: send ``signum`` to one world rank of an mpirun job."""
     return lambda process: os.kill(rank_pids(process.pid)[rank], signum)

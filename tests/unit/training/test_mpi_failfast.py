@@ -65,11 +65,13 @@ def test_a_hung_worker_is_reported_by_the_watchdog_and_the_job_ends(tmp_path):
     assert ended - hung < 4 + 10, f"the job ended {ended - hung:.1f} s after the hang:\n{output}"
 
 
+# Under Open MPI the kill -9 tests of test_resume.py make these assertions (and resume the run after
+# them): run here under MPICH only, where those do not run (they are marked any_mpi_family).
+@pytest.mark.skipif(mpi_jobs.FAMILY.name == "openmpi", reason="under Open MPI, test_resume.py::"
+                    "test_a_run_killed_mid_run_resumes_to_the_uninterrupted_model makes these assertions")
 @pytest.mark.parametrize("victim", [1, 2], ids=["worker", "ps"])
 def test_a_rank_killed_mid_run_ends_the_job_within_30_seconds_naming_it(tmp_path, victim):
     """kill -9 of a worker or of the PS rank while training: a non-zero exit, the rank named, no hang."""
-    import signal
-
     from hybrid.data.synthetic import synthesize
 
     synthesize(tmp_path / "store", like="criteo-kaggle", rows=40000, scale=0.001, seed=1)
@@ -78,18 +80,5 @@ def test_a_rank_killed_mid_run_ends_the_job_within_30_seconds_naming_it(tmp_path
     command = mpi_jobs.launcher(3) + [
         sys.executable, "-m", "hybrid", "train", "configs/w1-smoke.yaml", f"data.path={tmp_path / 'store'}",
         "cluster.workers=2", "cluster.ps=1", "train.batch_per_worker=16", "--no-progress", "--log-jsonl", str(log)]
-    killed = []
-
-    def kill_victim(process):
-        mpi_jobs.signal_rank(victim, signal.SIGKILL)(process)
-        killed.append(time.monotonic())
-
-    status, output = mpi_jobs.act_mid_run(
-        command, lambda: log.is_file() and len(log.read_text().splitlines()) >= 5, "training under way",
-        kill_victim, timeout=60)
-    assert time.monotonic() - killed[0] < 30
-    assert status != 0, output
-    if mpi_jobs.FAMILY.name == "openmpi":
-        assert f"process rank {victim} with PID" in output and "signal 9" in output, output  # and the node
-    else:  # Hydra names the PID and node of the first rank it saw end badly: the victim, or one it took down
-        assert "BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES" in output and "Killed (signal 9)" in output
+    mpi_jobs.kill_rank_mid_run(command, lambda: log.is_file() and len(log.read_text().splitlines()) >= 5,
+                               "training under way", victim)
