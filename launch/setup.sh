@@ -310,18 +310,32 @@ shared_deps() {
 # pip < 23.3 runs setuptools' deprecated 'develop' for editable installs.
 upgrade_pip() {
     "$PY" -c "import pip, sys; sys.exit(int(pip.__version__.split('.')[0]) < 24)" 2>/dev/null \
-        || "${PIP[@]}" --upgrade "pip>=24"
+        || { "${PIP[@]}" --upgrade "pip>=24"; PROBED=0; }
 }
 
-# "VERSION CUDA" of the torch the venv imports (CUDA: its CUDA version, or None), or nothing.
-torch_build() {
-    "$PY" -c "import torch; print(torch.__version__, torch.version.cuda)" 2>/dev/null || true
+# What the venv imports, found in one process: importing torch takes 2 s here, and a set-up with
+# nothing to do imported it three times (7 s of its 7.3 s). PROBE_TORCH: "VERSION CUDA" of the torch
+# it imports (CUDA: its CUDA version, or None), or nothing; PROBE_HOROVOD: "MPI NCCL LIBRARY" of
+# horovod.torch (1 or 0 for built with MPI, with NCCL; its mpi_lib), or nothing. Whatever installs a
+# package sets PROBED=0, so that the next check looks again.
+probe_venv() {
+    local out
+    out=$("$PY" - 2>/dev/null <<'PY' || true
+import glob, os
+import torch
+print(torch.__version__, torch.version.cuda, flush=True)
+import horovod.torch as hvd
+print(int(bool(hvd.mpi_built())), int(bool(hvd.nccl_built())), glob.glob(os.path.dirname(hvd.__file__) + "/mpi_lib*.so")[0])
+PY
+)
+    PROBE_TORCH=$(sed -n 1p <<< "$out") PROBE_HOROVOD=$(sed -n 2p <<< "$out") PROBED=1
 }
 
 # torch as HYBRID_TORCH and the GPU build ask; TORCH_PIN: the version the rest must keep.
 install_torch() {
     local build version cuda
-    build=$(torch_build)
+    probe_venv
+    build=$PROBE_TORCH
     version=${build%% *} cuda=${build##* }
     if [ "$TORCH_SOURCE" = system ]; then
         if [ -z "$build" ]; then
@@ -335,7 +349,8 @@ install_torch() {
         # A CPU build of the same version satisfies the pin: pip would keep it.
         [ -n "$build" ] && pip_quiet uninstall -y torch
         "${PIP[@]}" "${TORCH_ARGS[@]}"
-        build=$(torch_build)
+        probe_venv
+        build=$PROBE_TORCH
         version=${build%% *} cuda=${build##* }
     fi
     if [ "$GPU" = 1 ] && [ "$cuda" = None ]; then
@@ -372,6 +387,7 @@ install_mpi4py() {
     fi
     say "installing $wheel"
     "${PIP[@]}" --no-deps --force-reinstall "$wheel"
+    PROBED=0
     printf '%s' "$MPICC" >"$stamp"
 }
 
@@ -387,6 +403,7 @@ install_python_deps() {
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         say "installing Python dependencies"
         "${PIP[@]}" -r "$ROOT/launch/requirements.txt" "$TORCH_REQ"
+        PROBED=0
         printf '%s' "$want" >"$stamp"
     fi
 }
@@ -499,10 +516,10 @@ WRAP
 # Horovod imports, was built with MPI (and NCCL where asked), and does not link the other family's
 # libmpi (Debian's sonames: Open MPI's libmpi.so.40, MPICH's libmpich.so.12 and libmpi.so.12).
 horovod_ok() {
-    local built="hvd.mpi_built()" library other
-    [ -n "$GPU_OPS" ] && built="hvd.mpi_built() and hvd.nccl_built()"
-    "$PY" -c "import horovod.torch as hvd; import sys; sys.exit(not ($built))" 2>/dev/null || return 1
-    library=$("$PY" -c "import glob, horovod.torch, os; print(glob.glob(os.path.dirname(horovod.torch.__file__) + '/mpi_lib*.so')[0])")
+    local mpi nccl library other
+    [ "${PROBED:-0}" = 1 ] || probe_venv
+    read -r mpi nccl library <<< "$PROBE_HOROVOD"
+    [ "$mpi" = 1 ] && { [ -z "$GPU_OPS" ] || [ "$nccl" = 1 ]; } && [ -f "$library" ] || return 1
     other='libmpich\.so|libmpi\.so\.12'
     [ "$MPI" = mpich ] && other='libmpi\.so\.40|libopen-'
     if ldd "$library" | grep -Eq "$other"; then
@@ -534,6 +551,7 @@ install_horovod() {
     horovod_wheel
     say "installing $HOROVOD_WHEEL"
     "${PIP[@]}" --no-deps --force-reinstall "$HOROVOD_WHEEL"
+    PROBED=0
     horovod_ok || { say "Horovod installed from $HOROVOD_WHEEL but 'import horovod.torch' fails${GPU_OPS:+ or has no $GPU_OPS}"
                     say "  or it links another MPI: remove $HOROVOD_WHEEL and run this again"; exit 1; }
 }
