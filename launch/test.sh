@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: set up, then the unit tests, then the MPI tests under mpirun, under Open MPI and MPICH.
 # Any failure, or a run that collects no test (pytest exit 5), fails the script.
-#   --quick  the check between edits (3-4 minutes here): the unit tests that start no multi-process job
+#   --quick  the check between edits (about 2 minutes here): the unit tests that start no multi-process job
 #            (not marked `job`) and the MPI tests whose outcome depends on the cluster shape (marked
 #            `shape`) on 3 ranks. CI and a change that is done run the whole command.
 set -euo pipefail
