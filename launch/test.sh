@@ -41,11 +41,18 @@ export HYBRID_MPI_TIMEOUT=${HYBRID_MPI_TIMEOUT:-600}
 # take the other processes' cores. The scheduler's 1000-iteration determinism tests took 42-84 s that
 # way beside one another, 12-15 s with this (docs/testing.md). A user's own setting wins.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+# mpi_tests RANKS [PYTEST ARGS]: tests/mpi under --with-mpi on RANKS ranks of the venv's MPI
+# (HYBRID_VENV; launch/mpirun.sh).
+mpi_tests() {
+    local ranks=$1
+    shift
+    bash launch/mpirun.sh -n "$ranks" python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi "$@" tests/mpi
+}
 if [ "$QUICK" = 1 ]; then
     stage "unit tests without jobs"
     python -m pytest -q -p no:cacheprovider --durations=10 -n auto -m "not job" --timeout=120 tests/unit
     stage "shape-dependent MPI tests on 3 ranks"
-    bash launch/mpirun.sh -n 3 python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi -m shape tests/mpi
+    mpi_tests 3 -m shape
     stage end
     exit 0
 fi
@@ -81,9 +88,9 @@ bash launch/gpu_check.sh --rehearse --out "$(mktemp -d -t hybrid-gpu-rehearsal-X
 # A failing test prints its failure and aborts every rank (tests/conftest.py); a hanging test fails
 # after 300 s (pytest-timeout, pyproject.toml); HYBRID_MPI_TIMEOUT bounds the whole run regardless.
 stage "MPI tests on 4 ranks"
-bash launch/mpirun.sh -n 4 python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi tests/mpi
+mpi_tests 4
 stage "shape-dependent MPI tests on 5 ranks"
-bash launch/mpirun.sh -n 5 python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi -m shape tests/mpi
+mpi_tests 5 -m shape
 
 # The other MPI family (MPICH, in a venv of its own): the tests that launch MPI jobs themselves (a
 # failing or killed rank, SIGTERM to the launcher, horovodrun, a waiting rank that yields where ranks
@@ -102,11 +109,10 @@ if [ "${HYBRID_TEST_MPICH:-1}" = 1 ]; then
         && "${pytest[@]}" -n auto -m "not any_mpi_family and not job" "$@" && "${pytest[@]}" -m "job and not any_mpi_family" "$@"' \
         _ "${launcher_tests[@]}"
     stage "MPI family and shape tests on 3 ranks under MPICH"
-    HYBRID_VENV=$ROOT/.venv-mpich bash launch/mpirun.sh -n 3 python -m pytest -q -p no:cacheprovider --durations=10 --color=no \
-        --with-mpi -m "family or shape" tests/mpi
+    HYBRID_VENV=$ROOT/.venv-mpich mpi_tests 3 -m "family or shape"
 else
     stage "shape-dependent MPI tests on 3 ranks"
-    bash launch/mpirun.sh -n 3 python -m pytest -q -p no:cacheprovider --durations=10 --color=no --with-mpi -m shape tests/mpi
+    mpi_tests 3 -m shape
 fi
 
 # The sbatch templates under a real Slurm of two nodes on this machine (installed with apt-get if
