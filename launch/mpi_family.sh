@@ -27,3 +27,10 @@ if [ -f "$mpi_marker" ]; then
     read -r MPI_FAMILY MPIEXEC <"$mpi_marker"
 fi
 unset mpi_marker
+# Open MPI's mpirun ends a job whose rank failed or aborted with SIGTERM to the other ranks, then waits
+# a second before SIGKILL. A rank of `hybrid train` catches SIGTERM (Slurm's signal to checkpoint), so
+# every failed job took that second, with its ranks stuck in collectives with the dead one. A user's
+# own setting wins; a stop that should checkpoint reaches the ranks as SIGUSR1 (launch/mpirun.sh).
+if [ "$MPI_FAMILY" = openmpi ]; then
+    export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-0}
+fi

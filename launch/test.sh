@@ -28,6 +28,11 @@ stage() {
     echo "== $1"
 }
 
+# Python writes the bytecode of the package and the tests (pytest's rewritten test modules) into the
+# checkout's __pycache__ (ignored by git) even where PYTHONDONTWRITEBYTECODE is set, as on this machine:
+# without it each of the suite's some 400 Python processes compiled them again, 4.4 s of CPU for each
+# pytest that collects tests/unit and 0.1-0.15 s for each rank of a job (docs/testing.md).
+unset PYTHONDONTWRITEBYTECODE
 # The third-party packages from a venv every clone on this machine shares (made by the first:
 # docs/setup.md): a fresh clone's set-up installs the package alone.
 export HYBRID_SHARED_DEPS=${HYBRID_SHARED_DEPS:-1}
@@ -56,21 +61,17 @@ if [ "$QUICK" = 1 ]; then
     stage end
     exit 0
 fi
-# Tests that start no multi-process job run on every core (pytest-xdist); those that do (marked `job`:
-# mpirun trainings, new venvs) one at a time, so that no MPI job shares its cores with other tests.
-stage "unit tests"
+# The unit tests, and the robustness tests: mistakes a user makes (bad configs, damaged stores, wrong
+# input files, files that are not what they claim), each of which must end in seconds with one line
+# that says what to do. Tests that start no multi-process job run on every core (pytest-xdist); those
+# that do (marked `job`: mpirun trainings, new venvs) one at a time, so that no MPI job shares its
+# cores with other tests.
+stage "unit and robustness tests"
 # 120 s, not pyproject's 300, for a test without jobs (the slowest take seconds): a defect that makes
 # kernels loop for ever fails each test it reaches in 2 minutes, not 5
-python -m pytest -q -p no:cacheprovider --durations=10 -n auto -m "not job" --timeout=120 tests/unit
-stage "unit tests that start jobs"
-python -m pytest -q -p no:cacheprovider --durations=10 -m job tests/unit
-
-# Mistakes a user makes (bad configs, damaged stores, wrong input files, files that are not what they
-# claim): each must end in seconds with one line that says what to do.
-stage robustness
-python -m pytest -q -p no:cacheprovider --durations=10 -n auto -m "not job" tests/robustness
-stage "robustness: jobs"
-python -m pytest -q -p no:cacheprovider --durations=10 -m job tests/robustness
+python -m pytest -q -p no:cacheprovider --durations=10 -n auto -m "not job" --timeout=120 tests/unit tests/robustness
+stage "unit and robustness tests that start jobs"
+python -m pytest -q -p no:cacheprovider --durations=10 -m job tests/unit tests/robustness
 
 # The MPI tests also train on the real MovieLens-100k (from RecBole's wheel on PyPI, cached).
 stage "real data"

@@ -37,9 +37,13 @@ class MpiFamily:
         return ("Open MPI", "OpenRTE") if self.name == "openmpi" else ("HYDRA",)
 
     def launcher(self, ranks: int) -> list[str]:
-        """The command that starts ``ranks`` ranks on this host, as root, on any number of cores, unbound."""
+        """The command that starts ``ranks`` ranks on this host, as root, on any number of cores, unbound.
+
+        Open MPI's ranks are killed at once when the job fails, as ``launch/mpi_family.sh`` has it.
+        """
         if self.name == "openmpi":
-            return [self.mpiexec, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(ranks)]
+            return [self.mpiexec, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                    "--mca", "odls_base_sigkill_timeout", "0", "-n", str(ranks)]
         return [self.mpiexec, "-n", str(ranks)]
 
 

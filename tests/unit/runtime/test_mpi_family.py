@@ -12,7 +12,7 @@ def test_a_venv_says_its_family_and_launcher_and_an_unmarked_one_is_open_mpis(tm
     assert family.launcher(4) == ["/usr/bin/mpiexec.mpich", "-n", "4"] and family.rank_variable == "PMI_RANK"
     open_mpi = MpiFamily("openmpi", "/usr/bin/mpirun.openmpi")
     assert open_mpi.launcher(2) == ["/usr/bin/mpirun.openmpi", "--allow-run-as-root", "--oversubscribe",
-                                    "--bind-to", "none", "-n", "2"]
+                                    "--bind-to", "none", "--mca", "odls_base_sigkill_timeout", "0", "-n", "2"]
     assert open_mpi.rank_variable == "OMPI_COMM_WORLD_RANK"
 
 
