@@ -25,7 +25,7 @@ from tqdm import tqdm
 from hybrid import modes
 from hybrid.config import Config, flatten
 from hybrid.data.store import BatchStore, StoreError
-from hybrid.runtime import checkpoint as ckpt
+from hybrid.runtime import checkpoint as ckpt, run_lease
 from hybrid.runtime.comm import check_agreement, split_roles
 from hybrid._ext import mpi_yield
 from hybrid.runtime.launch_facts import YIELD_VARIABLE, LaunchFacts, decide, usable_cores
@@ -89,22 +89,27 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
     iterations = modes.run_length(config, train)  # past one pass: epoch after epoch
     if config.train.checkpoint_every:
         _check_checkpoint_room(config, roles, plan.n_rows * config.row_bytes)
-    checkpoint = _resume_point(config, roles, fingerprint, plan) if resume else None
-    if checkpoint is not None and checkpoint.step + 1 >= iterations:
-        _say(roles, f"{checkpoint.path} is the end of this run (iteration {checkpoint.step}); nothing to resume")
+    lease = _take_checkpoint_dir(config, roles, resume)
+    try:
+        checkpoint = _resume_point(config, roles, fingerprint, plan) if resume else None
+        if checkpoint is not None and checkpoint.step + 1 >= iterations:
+            _say(roles, f"{checkpoint.path} is the end of this run (iteration {checkpoint.step}); nothing to resume")
+            roles.free()
+            return None
+        # From here an error may be raised on some ranks only: it propagates without any collective
+        # cleanup (which would wait for ranks that never come), and `hybrid train` aborts the job.
+        trainer = HybridTrainer(config, roles, train, resume=checkpoint, stop=stop, plan=plan)
+        summary = _train(config, trainer, splits, iterations, log_path, progress)
+        if summary is not None:
+            summary["launch"] = _launch_report(roles, launch)
+        trainer.close()
         roles.free()
-        return None
-    # From here an error may be raised on some ranks only: it propagates without any collective
-    # cleanup (which would wait for ranks that never come), and `hybrid train` aborts the job.
-    trainer = HybridTrainer(config, roles, train, resume=checkpoint, stop=stop, plan=plan)
-    summary = _train(config, trainer, splits, iterations, log_path, progress)
-    if summary is not None:
-        summary["launch"] = _launch_report(roles, launch)
-    trainer.close()
-    roles.free()
-    if summary is not None and summary_path:
-        Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+        if summary is not None and summary_path:
+            Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+    finally:
+        if lease is not None:
+            lease.release()
 
 
 def _shard_plan(config: Config, n_rows: int) -> tuple[Optional[ShardPlan], str]:
@@ -135,6 +140,35 @@ def _check_checkpoint_room(config: Config, roles, table_bytes: int) -> None:
     if problems:
         raise ckpt.CheckpointError(f"train.checkpoint_dir={config.checkpoint_path}: {'; '.join(problems)}; "
                                    f"choose a writable directory with room, on a filesystem every rank sees")
+
+
+def _take_checkpoint_dir(config: Config, roles, resume: bool) -> Optional[run_lease.Lease]:
+    """Rank 0 takes ``train.checkpoint_dir`` for this run, or every rank raises naming its holder (collective).
+
+    Only a run that writes checkpoints takes it: a checkpointed mode, with
+    periodic checkpoints, a directory of its own or ``--resume``. Without
+    them a run checkpoints only when a signal stops it, into
+    ``checkpoints/<config name>``, and side-by-side runs of one config are
+    not refused (docs/training.md, "One run per checkpoint directory").
+    """
+    if not modes.get(config.scheduler.mode).checkpoints or \
+            not (resume or config.train.checkpoint_every or config.train.checkpoint_dir):
+        return None
+    lease, refused = None, None
+    if roles.rank == 0:
+        root = config.checkpoint_path
+        try:
+            lease = run_lease.acquire(root, run_lease.this_holder(config.name), resume=resume,
+                                      has_checkpoints=lambda: bool(ckpt.CheckpointDir(root).complete()),
+                                      say=lambda message: _say(roles, message))
+        except run_lease.LeaseError as err:
+            refused = str(err)
+        except OSError as err:
+            refused = f"train.checkpoint_dir={root}: {err.strerror or err}; choose a writable directory"
+    refused = roles.world.bcast(refused, root=0)
+    if refused:
+        raise ckpt.CheckpointError(refused)
+    return lease
 
 
 def _say(roles, message: str) -> None:

@@ -8,12 +8,14 @@ bit for bit: the runs set ``train.deterministic``, which adds each shared
 row's gradients in worker order and allreduces the MLP gradients as one
 group (without it, two uninterrupted runs already differ by about 1e-16).
 """
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +52,6 @@ def _iterations_logged(log: Path) -> int:
 
 
 def _digests(log: Path) -> dict:
-    import json
-
     return {r["step"]: r["digest"] for r in map(json.loads, log.read_text().splitlines())}
 
 
@@ -100,7 +100,13 @@ def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_model(reference, tmp_
         MPIRUN + _train_args(reference / "store", checkpoints, tmp_path / "killed.jsonl"),
         lambda: (checkpoints / "step-000000039" / "meta.json").is_file(), "the first checkpoint", victim)
     assert not (checkpoints / "step-000000199").exists(), "the run finished before the kill"
+    holder = json.loads((checkpoints / "owner.json").read_text())  # the killed run never released the directory
+    if victim == 1:  # a new run would replace the killed run's checkpoints: refused (hybrid.runtime.run_lease)
+        result = _run(*_train_args(reference / "store", checkpoints, tmp_path / "new.jsonl"))
+        assert result.returncode != 0 and f"holds the checkpoints of run {holder['run']} (w1-smoke" in result.stderr \
+            and "--resume continues that run" in result.stderr, result.stdout + result.stderr
     output = _resume_and_compare(reference, checkpoints, tmp_path)
+    assert f"took over {checkpoints} from run {holder['run']} (w1-smoke" in output, output
     assert "resuming from" in output and "step-000000199" not in output.split("resuming from")[1].split("\n")[0]
 
 
@@ -117,9 +123,34 @@ def test_sigterm_to_the_launcher_checkpoints_exits_0_and_the_run_resumes(referen
     # mpirun forwards the signal to every rank; the summary names one that had handled it when the workers agreed
     stop_line = rf"stopped by SIGUSR1 on rank [0-{PS_RANK}] after iteration {stopped}; continue with --resume"
     assert re.search(stop_line, output), output
-    assert [p.name for p in checkpoints.iterdir()] == [f"step-{stopped:09d}"]
+    assert [p.name for p in checkpoints.iterdir()] == [f"step-{stopped:09d}"]  # and no owner.json: released
     # the resumed run may change what does not alter the result: here, only a final checkpoint
     _resume_and_compare(reference, checkpoints, tmp_path, f"train.checkpoint_every={ITERATIONS}")
+
+
+@pytest.mark.any_mpi_family
+def test_a_second_run_given_the_directory_in_use_is_refused_and_the_first_one_is_left_whole(reference, tmp_path):
+    """Another seed, the same train.checkpoint_dir: refused at start-up naming the holder; the first ends as alone."""
+    checkpoints, log = tmp_path / "checkpoints", tmp_path / "first.jsonl"
+    first = mpi_jobs.start(MPIRUN + _train_args(reference / "store", checkpoints, log))
+    try:
+        mpi_jobs.wait_for(first, lambda: _iterations_logged(log) >= 1, "the first run's first iteration")
+        holder = json.loads((checkpoints / "owner.json").read_text())
+        start = time.monotonic()
+        second = _run(*_train_args(reference / "store", checkpoints, tmp_path / "second.jsonl", "seed=7"))
+        assert second.returncode != 0 and time.monotonic() - start < 30, second.stdout + second.stderr
+        assert f"train.checkpoint_dir={checkpoints} is in use by run {holder['run']} (w1-smoke, started " \
+               f"{holder['started']}) on host {holder['host']}, process {holder['pid']}; wait for it to end, or " \
+               f"choose another train.checkpoint_dir" in second.stderr, second.stderr
+        assert not (tmp_path / "second.jsonl").exists()  # not one iteration
+        output, _ = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 0, output
+    _assert_same_model(checkpoints / "step-000000199", reference / "checkpoints" / "step-000000199")
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000000119", "step-000000159", "step-000000199"]
+    result = _run(*_train_args(reference / "store", checkpoints, log, "--resume"))
+    assert result.returncode == 0 and "is the end of this run (iteration 199); nothing to resume" in result.stderr
 
 
 @pytest.mark.any_mpi_family
