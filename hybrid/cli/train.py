@@ -1,13 +1,15 @@
 """``train`` (multi-rank training, under mpirun), ``compare`` (the summaries of runs side by side) and ``plot``
 (their learning curves).
 
-``mpi4py.MPI`` is imported only once a rank must abort: a process that
-imported it is an MPI singleton, and an mpirun it starts fails at once.
+``mpi4py.MPI`` is imported only inside ``train``: a process that imported
+it is an MPI singleton, and an mpirun it starts fails at once.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -23,14 +25,28 @@ def cmd_train(args) -> int:
 
     # first, so that a signal while torch and Horovod load also ends in a checkpoint and exit 0
     stop = StopRequest().install()  # SIGTERM/SIGINT/SIGUSR1: checkpoint, then exit 0
-    config = load_config(args.config, args.overrides)
-    launch = launch_facts.prepare(config.train.threads)  # how ranks wait: MPI and torch read it as they start
+    try:
+        config, refused = load_config(args.config, args.overrides), None
+    except ConfigError as err:
+        if launch_facts.launcher(os.environ) == "none":
+            raise
+        config, refused = None, err  # under a launcher: the ranks agree on it below and say it once
+    # how ranks wait: MPI and torch read it as they start
+    launch = launch_facts.prepare(config.train.threads if config else 0)
     try:
         from hybrid.training import job, summary_text  # MPI starts here: from now on, every rank must end alike
+        from mpi4py import MPI
 
+        refusals = MPI.COMM_WORLD.Dup()  # for agreeing on a refusal only: no other collective waits on it
+        if refused is not None:
+            refused.at_start_up = True
+            raise refused
         summary = job.run(config, log_path=args.log_jsonl, summary_path=args.summary_json,
                           progress=not args.no_progress, resume=args.resume, stop=stop, launch=launch)
+        refusals.Free()
     except (Exception, KeyboardInterrupt) as err:
+        if getattr(err, "at_start_up", False) and _refused_together(err, refusals):
+            return EXIT_FAILURE
         _end_the_job(err)
         raise
     if summary is not None:
@@ -40,6 +56,57 @@ def cmd_train(args) -> int:
         if extra:
             print(extra, flush=True)
     return 0
+
+
+# How long ranks refused at start-up wait for the others: they raise at the same collective, so they
+# come within moments; one that failed alone (an unexpected error) ends the job after this instead.
+AGREE_SECONDS = 5.0
+
+
+def _refused_together(err: Exception, comm) -> bool:
+    """Whether every rank refused the run at start-up; then worker 0 has printed each distinct error once,
+    naming its ranks, and every rank may exit 1 (MPI finalized, no ``MPI_Abort``: no launcher banner).
+
+    False after :data:`AGREE_SECONDS` without every rank (or on one rank alone, where there is nobody
+    to agree with): the caller ends the job as for any error.
+    """
+    from mpi4py import MPI
+
+    if comm.size == 1:
+        return False
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + AGREE_SECONDS
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    errors = comm.gather((f"{type(err).__name__}: {err}", MPI.Get_processor_name()), root=0)
+    if comm.rank == 0:
+        groups: dict = {}
+        for rank, (line, host) in enumerate(errors):
+            ranks, hosts = groups.setdefault(line, ([], []))
+            ranks.append(rank)
+            if host not in hosts:
+                hosts.append(host)
+        # one write per line, newline included: lines written in two parts ran together with other ranks'
+        sys.stderr.write("".join(f"hybrid train: error on {rank_ranges(ranks)} of {comm.size} ({', '.join(hosts)}): "
+                                 f"{line}\n" for line, (ranks, hosts) in groups.items()))
+        sys.stderr.flush()
+    comm.Barrier()  # the message is out before any rank exits
+    return True
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0-3', 'ranks 0, 2-3': sorted ranks as ranges."""
+    ranks = sorted(ranks)
+    spans, first, last = [], ranks[0], ranks[0]
+    for rank in ranks[1:] + [None]:
+        if rank is not None and rank == last + 1:
+            last = rank
+            continue
+        spans.append(str(first) if first == last else f"{first}-{last}")
+        first = last = rank
+    return f"rank {spans[0]}" if len(ranks) == 1 else f"ranks {', '.join(spans)}"
 
 
 def _end_the_job(err: BaseException) -> None:
@@ -63,7 +130,8 @@ def _end_the_job(err: BaseException) -> None:
         detail = "" if isinstance(err, (ConfigError, StoreError, ValueError, RuntimeError)) else \
             "".join(traceback.format_exception(err))
         message = f"{detail}hybrid train: error on {where}: {type(err).__name__}: {err}"
-    print(f"{message}; ending every rank", file=sys.stderr, flush=True)
+    sys.stderr.write(f"{message}; ending every rank\n")  # one write: ranks' lines do not run together
+    sys.stderr.flush()
     abort_job(EXIT_FAILURE)
 
 

@@ -88,7 +88,8 @@ class CheckpointDir:
         return path
 
     def commit(self, staging: Path, meta: dict) -> Checkpoint:
-        """Write ``meta.json`` last and rename ``staging`` to ``step-<t>``; then keep the newest ``keep``."""
+        """Write ``meta.json`` last and rename ``staging`` to ``step-<t>``; then keep the newest ``keep`` of
+        this run (``meta["run"]``): another run's checkpoints are never removed here."""
         final = self.root / f"step-{int(meta['step']):09d}"
         with writing(staging / META):
             _write_synced(staging / META, (json.dumps(meta, indent=2) + "\n").encode())
@@ -98,7 +99,7 @@ class CheckpointDir:
         os.rename(staging, final)
         _sync_directory(self.root)
         shutil.rmtree(replaced, ignore_errors=True)
-        for old in self.complete()[self.keep:]:
+        for old in [c for c in self.complete() if c.meta.get("run") == meta.get("run")][self.keep:]:
             shutil.rmtree(old.path, ignore_errors=True)
         return Checkpoint(final, meta)
 

@@ -61,15 +61,45 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
     ``config.checkpoint_path`` (from the start when there is none). ``stop``:
     a signal request that ends the run early with a checkpoint. Errors found
     before training (config or data disagreement, a bad store, a checkpoint
-    of another run) are raised on every rank alike. Later ones may be raised
-    on some ranks only, with the others left in a collective: the caller
-    must then end the job, as ``hybrid train`` does (print, then ``MPI_Abort``).
+    of another run, a checkpoint directory in use) are raised on every rank
+    alike, marked ``at_start_up`` (True). Later ones may be raised on some
+    ranks only, with the others left in a collective: the caller must then
+    end the job, as ``hybrid train`` does (print, then ``MPI_Abort``).
     ``launch``: what :func:`hybrid.runtime.launch_facts.prepare` decided
     before MPI started (None: MPI had started before anyone decided).
     """
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
+    try:
+        start = _start_up(config, world, resume)
+    except Exception as err:
+        err.at_start_up = True  # hybrid.cli.train: the ranks may agree on it and end without MPI_Abort
+        raise
+    if start is None:
+        return None
+    roles, splits, plan, iterations, checkpoint, lease = start
+    try:
+        # From here an error may be raised on some ranks only: it propagates without any collective
+        # cleanup (which would wait for ranks that never come), and `hybrid train` aborts the job.
+        trainer = HybridTrainer(config, roles, splits["train"], resume=checkpoint, stop=stop, plan=plan)
+        summary = _train(config, trainer, splits, iterations, log_path, progress)
+        if summary is not None:
+            summary["launch"] = _launch_report(roles, launch)
+        trainer.close()
+        roles.free()
+        if summary is not None and summary_path:
+            Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _start_up(config: Config, world, resume: bool) -> Optional[tuple]:
+    """Every check before training, alike on every rank (collective): (roles, splits, plan, iterations,
+    checkpoint to resume or None, the checkpoint directory's lease or None); None if a resumed run is
+    already at its end."""
     roles = split_roles(config.cluster.workers, config.cluster.ps, world, user_threads=config.train.threads)
     splits, fingerprint = _open_stores(config)
     check_agreement(world, config=config.digest(), data=fingerprint,
@@ -92,24 +122,17 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
     lease = _take_checkpoint_dir(config, roles, resume)
     try:
         checkpoint = _resume_point(config, roles, fingerprint, plan) if resume else None
-        if checkpoint is not None and checkpoint.step + 1 >= iterations:
-            _say(roles, f"{checkpoint.path} is the end of this run (iteration {checkpoint.step}); nothing to resume")
-            roles.free()
-            return None
-        # From here an error may be raised on some ranks only: it propagates without any collective
-        # cleanup (which would wait for ranks that never come), and `hybrid train` aborts the job.
-        trainer = HybridTrainer(config, roles, train, resume=checkpoint, stop=stop, plan=plan)
-        summary = _train(config, trainer, splits, iterations, log_path, progress)
-        if summary is not None:
-            summary["launch"] = _launch_report(roles, launch)
-        trainer.close()
-        roles.free()
-        if summary is not None and summary_path:
-            Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
-        return summary
-    finally:
+    except BaseException:
         if lease is not None:
             lease.release()
+        raise
+    if checkpoint is not None and checkpoint.step + 1 >= iterations:
+        _say(roles, f"{checkpoint.path} is the end of this run (iteration {checkpoint.step}); nothing to resume")
+        if lease is not None:
+            lease.release()
+        roles.free()
+        return None
+    return roles, splits, plan, iterations, checkpoint, lease
 
 
 def _shard_plan(config: Config, n_rows: int) -> tuple[Optional[ShardPlan], str]:
@@ -161,6 +184,13 @@ def _take_checkpoint_dir(config: Config, roles, resume: bool) -> Optional[run_le
             lease = run_lease.acquire(root, run_lease.this_holder(config.name), resume=resume,
                                       has_checkpoints=lambda: bool(ckpt.CheckpointDir(root).complete()),
                                       say=lambda message: _say(roles, message))
+            others = [] if resume else ckpt.CheckpointDir(root).complete()
+            if others:  # a new run would replace them step by step
+                lease.release()
+                lease = None
+                refused = (f"train.checkpoint_dir={root} holds the checkpoints of another run ({others[0].path.name} "
+                           f"the newest, run {others[0].meta.get('run', 'of an earlier version')}); --resume "
+                           f"continues it, or choose another train.checkpoint_dir")
         except run_lease.LeaseError as err:
             refused = str(err)
         except OSError as err:

@@ -60,6 +60,7 @@ import copy
 import itertools
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -145,6 +146,8 @@ class HybridTrainer:
         self.config, self.roles, self.data = config, roles, store
         self.stop = stop or StopRequest()
         self.checkpoints = ckpt.CheckpointDir(config.checkpoint_path, config.train.checkpoint_keep)
+        # the run's id in its checkpoints: a resumed run keeps it, and retention removes only its own
+        self.run_id = (resume.meta.get("run") if resume else None) or uuid.uuid4().hex[:12]
         self.run = RunState(start_step=resume.step + 1 if resume else 0)
         self.per_epoch = max(1, store.num_batches(config.global_batch))  # global batches in one pass
         self.rates = RateSchedule.of(config, self.per_epoch)
@@ -477,7 +480,8 @@ class HybridTrainer:
         if lead:
             meta = ckpt.metadata(step=plan.step, training=self.config.training_dict(), fingerprint=self.data.fingerprint,
                                  files={k: v for part in gathered for k, v in part.items()},
-                                 extra={"mode": self.config.scheduler.mode.value, "rows": self.table.plan.n_rows,
+                                 extra={"run": self.run_id,
+                                        "mode": self.config.scheduler.mode.value, "rows": self.table.plan.n_rows,
                                         "shard_plan": self.table.plan.fingerprint,
                                         "shard_layout": self.table.plan.to_dict(),
                                         # the run's last iteration: its scheduler planned no next batch

@@ -302,6 +302,12 @@ def test_training_refuses_bad_data_plans_and_rank_counts_on_every_rank_at_start_
     status, seconds, output = _train(*(a.format(stores=stores, plans=plans) for a in args))
     assert status != 0 and message in output, output[-3000:]
     assert "Traceback" not in output and seconds < 60, output[-3000:]
+    # the ranks agree on it: one line naming both, and no abort (hybrid.cli.train._refused_together)
+    said = [line for line in output.splitlines() if line.startswith("hybrid train: error on")]
+    assert len(said) == 1 and said[0].startswith("hybrid train: error on ranks 0-1 of 2 (") and message in said[0], \
+        output[-3000:]
+    assert "MPI_ABORT" not in output and "ORTE_ERROR_LOG" not in output and "ending every rank" not in output, \
+        output[-3000:]
 
 
 @pytest.mark.parametrize("args", [("config", SMOKE, "train.lrr=0.1"), ("config", "configs/nothing.yaml"),

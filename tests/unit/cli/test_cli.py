@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 
 from hybrid.cli import main
 from hybrid.data.store import BatchStore
@@ -184,3 +185,12 @@ def test_the_process_entry_ends_like_main_with_what_torch_loaded_frozen(monkeypa
                               "print(entry_points(group='console_scripts')['hybrid'].value)"],
                              capture_output=True, text=True)
     assert console.stdout.strip() == "hybrid.cli:process_main", console.stdout + console.stderr
+
+
+@pytest.mark.parametrize("ranks,said", [([3], "rank 3"), ([0, 1, 2, 3], "ranks 0-3"), ([2, 0, 3], "ranks 0, 2-3"),
+                                        ([0, 1, 3, 5, 6, 7], "ranks 0-1, 3, 5-7")])
+def test_the_ranks_that_refused_a_run_are_named_as_ranges(ranks, said):
+    """How ``hybrid train`` names the ranks that raised one error at start-up (docs/training.md)."""
+    from hybrid.cli.train import rank_ranges
+
+    assert rank_ranges(ranks) == said

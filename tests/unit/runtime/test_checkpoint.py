@@ -8,12 +8,24 @@ from hybrid.config import load_config
 from hybrid.runtime import checkpoint as ckpt
 
 
-def _commit(directory: ckpt.CheckpointDir, step: int, rows: np.ndarray) -> ckpt.Checkpoint:
+def _commit(directory: ckpt.CheckpointDir, step: int, rows: np.ndarray, run: str = "") -> ckpt.Checkpoint:
     staging = directory.staging(step)
     files = {"ps-0.npy": ckpt.write_rows(staging / "ps-0.npy", rows),
              "scheduler.npz": ckpt.write_arrays(staging / "scheduler.npz", {"next_alloc": np.arange(4)})}
     return directory.commit(staging, ckpt.metadata(step=step, training={"seed": 0}, fingerprint="f", files=files,
-                                                   extra={}))
+                                                   extra={"run": run} if run else {}))
+
+
+def test_retention_removes_only_the_checkpoints_of_its_own_run(tmp_path):
+    """Another run's checkpoints in the directory (one that ended, or older ones) are never pruned."""
+    directory = ckpt.CheckpointDir(tmp_path, keep=2)
+    rows = np.zeros((4, 3))
+    for step in (100, 200, 300):
+        _commit(directory, step, rows, run="aaaaaaaaaaaa")
+    for step in (9, 19, 29):
+        _commit(directory, step, rows, run="bbbbbbbbbbbb")
+    assert [(c.step, c.meta["run"]) for c in directory.complete()] == \
+        [(300, "aaaaaaaaaaaa"), (200, "aaaaaaaaaaaa"), (29, "bbbbbbbbbbbb"), (19, "bbbbbbbbbbbb")]
 
 
 def test_commit_is_atomic_keeps_the_newest_and_ignores_unfinished_ones(tmp_path):

@@ -151,6 +151,11 @@ def test_a_second_run_given_the_directory_in_use_is_refused_and_the_first_one_is
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000000119", "step-000000159", "step-000000199"]
     result = _run(*_train_args(reference / "store", checkpoints, log, "--resume"))
     assert result.returncode == 0 and "is the end of this run (iteration 199); nothing to resume" in result.stderr
+    # a new run there would replace the finished run's checkpoints step by step: refused
+    result = _run(*_train_args(reference / "store", checkpoints, tmp_path / "third.jsonl", "seed=7"))
+    run = json.loads((checkpoints / "step-000000199" / "meta.json").read_text())["run"]
+    assert result.returncode != 0 and f"train.checkpoint_dir={checkpoints} holds the checkpoints of another run " \
+        f"(step-000000199 the newest, run {run}); --resume continues it" in result.stderr, result.stderr
 
 
 @pytest.mark.any_mpi_family
