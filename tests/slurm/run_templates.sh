@@ -30,9 +30,10 @@ for venv in "${venvs[@]}"; do
     [ -x "$venv/bin/python" ] || { echo "FAILED: $venv is not a virtualenv (run launch/setup.sh)" >&2; exit 1; }
 done
 source "${venvs[0]}/bin/activate"
-# Every template of every family at once: 4 + 3 + 3 + 4 tasks per family, on the node of the default
-# partition (its declared CPUs, not the host's: tasks share the real cores).
-export HYBRID_SLURM_CPUS=${HYBRID_SLURM_CPUS:-$(( 16 * ${#venvs[@]} ))}
+# Every template of every family at once: 4 + 3 + 3 + 4 tasks per family, and 3 + 3 for the two jobs
+# of one checkpoint directory, on the node of the default partition (its declared CPUs, not the
+# host's: tasks share the real cores).
+export HYBRID_SLURM_CPUS=${HYBRID_SLURM_CPUS:-$(( 24 * ${#venvs[@]} ))}
 bash launch/slurm/local_slurm.sh start
 export SLURM_CONF=${HYBRID_SLURM_DIR:-/tmp/hybrid-slurm}/etc/slurm.conf
 work=$(mktemp -d /tmp/hybrid-slurm-test.XXXXXX)
@@ -137,6 +138,31 @@ PY
 
 single_node() { preempt_and_resume single single-node.sbatch -b SIGUSR1 "$plain_launcher via single-node.sbatch"; }
 
+# dir_in_use: a second train.sbatch job given the checkpoint directory of a job that is running is
+# refused at start-up, naming the first (hybrid/runtime/run_lease.py); both run with --resume, as
+# every run of the templates does, so only the holder's liveness tells them apart.
+dir_in_use() {
+    local first second status=0
+    echo "== train.sbatch twice with one train.checkpoint_dir"
+    local args=(configs/w1-smoke.yaml cluster.workers=2 "data.path=$work/store" train.batch_per_worker=16
+                train.iterations=1000000 "train.checkpoint_dir=$out/ck-shared")
+    first=$(sbatch --parsable --ntasks=3 -o "$out/first.out" launch/slurm/train.sbatch "${args[@]}")
+    echo "$first" > "$out/first.id"
+    for _ in $(seq 1 "$WAIT"); do
+        [ -f "$out/ck-shared/owner.json" ] && break
+        squeue -h -j "$first" | grep -q . || fail "the first train.sbatch job ended before it took its directory"
+        sleep 1
+    done
+    [ -f "$out/ck-shared/owner.json" ] || fail "the first train.sbatch job never took its checkpoint directory"
+    timeout "$WAIT" sbatch --wait --parsable --ntasks=3 -o "$out/second.out" launch/slurm/train.sbatch "${args[@]}" \
+        > "$out/second.id" || status=$?
+    scancel "$first"
+    [ "$status" -ne 0 ] || fail "the second job was not refused"
+    grep -Eq "error on ranks 0-2 of 3 \(.*\): CheckpointError: train.checkpoint_dir=$out/ck-shared is in use by run [0-9a-f]{12} \(w1-smoke, started .*\) on host .*, process [0-9]+; wait for it to end" \
+        "$out/second.out" || fail "the second job did not say the directory is in use, and by whom"
+    echo "ok: a second job given the running job's checkpoint directory was refused, naming the holder"
+}
+
 # run_test VENV NAME FUNCTION [ARGS]: FUNCTION in the background, in VENV's MPI family; its output in
 # $work/FAMILY-NAME/log, its jobs' files beside it ($out).
 tests=()
@@ -160,6 +186,7 @@ for venv in "${venvs[@]}"; do
     run_test "$venv" hetjob het_job
     run_test "$venv" single-node single_node
     run_test "$venv" train preempt_and_resume srun train.sbatch "" SIGTERM "srun via train.sbatch"
+    run_test "$venv" dir-in-use dir_in_use
 done
 failed=()
 for test in "${tests[@]}"; do
