@@ -65,7 +65,8 @@ AGREE_SECONDS = 5.0
 
 def _refused_together(err: Exception, comm) -> bool:
     """Whether every rank refused the run at start-up; then worker 0 has printed each distinct error once,
-    naming its ranks, and every rank may exit 1 (MPI finalized, no ``MPI_Abort``: no launcher banner).
+    naming its ranks, and every rank may exit 1 (MPI finalized, no ``MPI_Abort`` and its banner; Open
+    MPI's ``mpirun`` still notes the non-zero exit, docs/training.md).
 
     False after :data:`AGREE_SECONDS` without every rank (or on one rank alone, where there is nobody
     to agree with): the caller ends the job as for any error.
