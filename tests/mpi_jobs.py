@@ -1,5 +1,6 @@
 """Helpers for tests that start their own MPI jobs and act on single ranks, under the venv's MPI family."""
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -44,13 +45,31 @@ def rank_pids(parent: int) -> dict:
 
 
 def start(command: list) -> subprocess.Popen:
-    """Start ``command`` in the repository, output merged.
+    """Start ``command`` in the repository, output merged, in a session of its own (see :func:`kill`).
 
     ``env``: Python's copy of the environment, without what an MPI singleton
     of this test process (another test) set at C level.
     """
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ))
+                            env=dict(os.environ), start_new_session=True)
+
+
+def kill(process: subprocess.Popen) -> None:
+    """SIGKILL to every process of the job's session: killing the launcher alone left its ranks running,
+    orphaned (Open MPI puts each rank in a process group of its own, so not a process group either)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[3]) == process.pid:  # field 6: the session id
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    process.wait()
 
 
 def wait_for(process: subprocess.Popen, ready, what: str, timeout: float = 120) -> None:
@@ -58,7 +77,7 @@ def wait_for(process: subprocess.Popen, ready, what: str, timeout: float = 120) 
     deadline = time.monotonic() + timeout
     while not ready():
         if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
+            kill(process)
             raise AssertionError(f"{what} did not happen:\n{process.communicate()[0]}")
         time.sleep(0.02)
 
@@ -75,7 +94,7 @@ def act_mid_run(command: list, ready, what: str, act, timeout: float = 120) -> t
         output, _ = process.communicate(timeout=timeout)
     finally:
         if process.poll() is None:
-            process.kill()
+            kill(process)
     return process.returncode, output
 
 
@@ -86,8 +105,6 @@ def kill_rank_mid_run(command: list, ready, what: str, rank: int) -> str:
     Open MPI names the rank, its PID and the signal; Hydra (MPICH) names the
     PID and node of the first rank it saw end badly: the victim, or one it took down.
     """
-    import signal
-
     killed = []
 
     def kill(process):

@@ -98,11 +98,24 @@ class Lease:
         return _read(self.path) == self.holder
 
     def _beat(self) -> None:
+        """Touch the lease while it is this run's; never another run's that took it over."""
         while not self._stop.wait(HEARTBEAT_SECONDS):
+            if not self._mine():
+                return
             try:
                 os.utime(self.path)
             except OSError:
-                pass  # gone (removed by hand): the next run simply takes the directory
+                return
+
+    def check(self) -> None:
+        """Raise :class:`LeaseError` if the directory is no longer this run's: another run took it over
+        after this one gave no heartbeat for :data:`STALE_SECONDS` (a suspended job, a frozen node).
+        Worker 0 asks before each checkpoint, so that two runs never write into one directory."""
+        found = _read(self.path)
+        if found != self.holder:
+            taker = describe(found) if found else "nobody (its owner.json is gone or damaged)"
+            raise LeaseError(f"train.checkpoint_dir={self.path.parent} was taken over by {taker} while this run "
+                             f"gave no heartbeat; this run writes no more checkpoints there")
 
     def release(self) -> None:
         """Stop the heartbeat and remove the lease, if it is still this run's."""

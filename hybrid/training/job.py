@@ -82,7 +82,7 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
     try:
         # From here an error may be raised on some ranks only: it propagates without any collective
         # cleanup (which would wait for ranks that never come), and `hybrid train` aborts the job.
-        trainer = HybridTrainer(config, roles, splits["train"], resume=checkpoint, stop=stop, plan=plan)
+        trainer = HybridTrainer(config, roles, splits["train"], resume=checkpoint, stop=stop, plan=plan, lease=lease)
         summary = _train(config, trainer, splits, iterations, log_path, progress)
         if summary is not None:
             summary["launch"] = _launch_report(roles, launch)

@@ -77,6 +77,7 @@ from hybrid.runtime.embedding_init import fill_initial_runs
 from hybrid.runtime.preemption import StopRequest, describe
 from hybrid.runtime.reshard import ShardFiles, checkpoint_plan, cold_start, same_layout
 from hybrid.runtime.rma_store import EmbeddingStore, Handle
+from hybrid.runtime.run_lease import Lease
 from hybrid.runtime.shard_plan import ShardPlan
 from hybrid.runtime.watchdog import Watchdog
 from hybrid.scheduling.allocation import AdaptiveLaiaAllocation
@@ -136,16 +137,18 @@ class HybridTrainer:
     ``resume``: a checkpoint chosen by every rank alike (``hybrid.training.job``): PS
     ranks load their rows from it, workers the MLP, its optimizer and the
     scheduler's state. ``stop``: a signal request that ends the run early
-    with a checkpoint (docs/design.md section 13).
+    with a checkpoint (docs/design.md section 13). ``lease``: worker 0's hold
+    on the checkpoint directory, checked before each checkpoint (None: not held).
     """
 
     def __init__(self, config: Config, roles: Roles, store: BatchStore, *,
                  resume: Optional[ckpt.Checkpoint] = None, stop: Optional[StopRequest] = None,
-                 plan: Optional[ShardPlan] = None):
+                 plan: Optional[ShardPlan] = None, lease: Optional[Lease] = None):
         start = time.perf_counter()
         self.config, self.roles, self.data = config, roles, store
         self.stop = stop or StopRequest()
         self.checkpoints = ckpt.CheckpointDir(config.checkpoint_path, config.train.checkpoint_keep)
+        self.lease = lease
         # the run's id in its checkpoints: a resumed run keeps it, and retention removes only its own
         self.run_id = (resume.meta.get("run") if resume else None) or uuid.uuid4().hex[:12]
         self.run = RunState(start_step=resume.step + 1 if resume else 0)
@@ -463,6 +466,8 @@ class HybridTrainer:
         """
         start = time.perf_counter()
         lead = self.roles.worker == 0
+        if lead and self.lease is not None:
+            self.lease.check()  # another run took the directory over: nothing more is written into it
         staging = self.checkpoints.staging(plan.step) if lead else None
         self.table.barrier()
         self.roles.world.bcast({"op": "checkpoint", "step": plan.step}, root=0)

@@ -132,3 +132,23 @@ def test_a_dense_pt_that_would_run_code_is_refused_and_runs_nothing(store, tmp_p
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "is not a checkpoint's MLP file" in result.stderr, result.stderr
     assert not marker.exists() and not (tmp_path / "m.pt").exists()
+
+
+def test_a_run_whose_directory_another_run_took_over_writes_no_more_checkpoints(store, tmp_path):
+    """As after a suspended job's heartbeat stopped and a run elsewhere took its directory (run_lease)."""
+    import mpi_jobs
+
+    checkpoints = tmp_path / "checkpoints"
+    command = MPIRUN + [sys.executable, "-m", "hybrid", "train", "configs/w1-smoke.yaml", "cluster.workers=1",
+                        "cluster.ps=1", "model.embedding_dim=4", "train.batch_per_worker=16", "train.iterations=2000",
+                        f"data.path={store}", f"train.checkpoint_dir={checkpoints}", "train.checkpoint_every=500",
+                        "--no-progress"]
+    taker = {"run": "0123456789ab", "config": "w1-smoke", "host": "node-17", "pid": 77, "started": "then"}
+    status, output = mpi_jobs.act_mid_run(
+        command, lambda: (checkpoints / "step-000000499" / "meta.json").is_file(), "the first checkpoint",
+        lambda _: (checkpoints / "owner.json").write_text(json.dumps(taker)), timeout=60)
+    assert status != 0, output[-3000:]  # not the whole run: it ends at its next checkpoint, step 999
+    assert f"train.checkpoint_dir={checkpoints} was taken over by run 0123456789ab (w1-smoke, started then) on " \
+           f"host node-17, process 77 while this run gave no heartbeat" in output, output[-3000:]
+    assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("step-")) == ["step-000000499"]
+    assert json.loads((checkpoints / "owner.json").read_text()) == taker  # the taker's lease left as it was

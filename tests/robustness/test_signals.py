@@ -69,7 +69,7 @@ def _signalled(reference: Path, tmp_path: Path, ready, act, *extra: str) -> tupl
         output, _ = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
-            process.kill()
+            mpi_jobs.kill(process)
     return process.returncode, time.monotonic() - acted[0], output, checkpoints
 
 

@@ -127,3 +127,19 @@ def test_the_heartbeat_keeps_the_lease_fresh_and_release_leaves_anothers_alone(t
     (tmp_path / LEASE).write_text(json.dumps(dict(lease.holder, run="someoneelse0")))  # taken over meanwhile
     lease.release()
     assert json.loads((tmp_path / LEASE).read_text())["run"] == "someoneelse0"
+
+
+def test_a_run_whose_directory_was_taken_over_finds_out_and_never_touches_the_takers_lease(tmp_path, monkeypatch):
+    """A suspended job's heartbeat stopped, another run took the directory: checked before each checkpoint."""
+    monkeypatch.setattr(run_lease, "HEARTBEAT_SECONDS", 0.05)
+    lease = _acquire(tmp_path)
+    lease.check()  # still this run's
+    taker = dict(this_holder("w1-smoke"), host="node-17", pid=77, run="0123456789ab")
+    _write(tmp_path, taker, age=100)
+    time.sleep(0.3)  # heartbeats that would have touched it
+    assert time.time() - (tmp_path / LEASE).stat().st_mtime > 90
+    with pytest.raises(LeaseError, match=f"train.checkpoint_dir={tmp_path} was taken over by run 0123456789ab .* "
+                                         "on host node-17, process 77 while this run gave no heartbeat"):
+        lease.check()
+    lease.release()
+    assert json.loads((tmp_path / LEASE).read_text())["run"] == "0123456789ab"

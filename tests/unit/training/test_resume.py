@@ -136,8 +136,16 @@ def test_a_second_run_given_the_directory_in_use_is_refused_and_the_first_one_is
     try:
         mpi_jobs.wait_for(first, lambda: _iterations_logged(log) >= 1, "the first run's first iteration")
         holder = json.loads((checkpoints / "owner.json").read_text())
+        # held still while the second starts: the first would otherwise finish its 200 iterations first
+        ranks = mpi_jobs.rank_pids(first.pid).values()
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
         start = time.monotonic()
-        second = _run(*_train_args(reference / "store", checkpoints, tmp_path / "second.jsonl", "seed=7"))
+        try:
+            second = _run(*_train_args(reference / "store", checkpoints, tmp_path / "second.jsonl", "seed=7"))
+        finally:
+            for pid in ranks:
+                os.kill(pid, signal.SIGCONT)
         assert second.returncode != 0 and time.monotonic() - start < 30, second.stdout + second.stderr
         assert f"train.checkpoint_dir={checkpoints} is in use by run {holder['run']} (w1-smoke, started " \
                f"{holder['started']}) on host {holder['host']}, process {holder['pid']}; wait for it to end, or " \
@@ -145,7 +153,7 @@ def test_a_second_run_given_the_directory_in_use_is_refused_and_the_first_one_is
         assert not (tmp_path / "second.jsonl").exists()  # not one iteration
         output, _ = first.communicate(timeout=120)
     finally:
-        first.kill()
+        mpi_jobs.kill(first)
     assert first.returncode == 0, output
     _assert_same_model(checkpoints / "step-000000199", reference / "checkpoints" / "step-000000199")
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000000119", "step-000000159", "step-000000199"]
