@@ -62,10 +62,15 @@ def _process_start(pid: int) -> Optional[int]:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def this_holder(config_name: str) -> dict:
-    """What a lease says of this process: its run id, config, host, process and start."""
+def new_run_id() -> str:
+    """The id of a run that starts from iteration 0; its checkpoints and its lease carry it."""
+    return uuid.uuid4().hex[:12]
+
+
+def this_holder(config_name: str, run: Optional[str] = None) -> dict:
+    """What a lease says of this process: its run id (``run``, or a new one), config, host, process, start."""
     pid = os.getpid()
-    return {"run": uuid.uuid4().hex[:12], "config": config_name, "host": socket.gethostname(), "pid": pid,
+    return {"run": run or new_run_id(), "config": config_name, "host": socket.gethostname(), "pid": pid,
             "pid_start": _process_start(pid), "boot": _boot_id(),
             "started": datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds"),
             "slurm_job": os.environ.get("SLURM_JOB_ID")}

@@ -78,11 +78,12 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
         raise
     if start is None:
         return None
-    roles, splits, plan, iterations, checkpoint, lease = start
+    roles, splits, plan, iterations, checkpoint, lease, run_id = start
     try:
         # From here an error may be raised on some ranks only: it propagates without any collective
         # cleanup (which would wait for ranks that never come), and `hybrid train` aborts the job.
-        trainer = HybridTrainer(config, roles, splits["train"], resume=checkpoint, stop=stop, plan=plan, lease=lease)
+        trainer = HybridTrainer(config, roles, splits["train"], resume=checkpoint, stop=stop, plan=plan, lease=lease,
+                                run_id=run_id)
         summary = _train(config, trainer, splits, iterations, log_path, progress)
         if summary is not None:
             summary["launch"] = _launch_report(roles, launch)
@@ -98,8 +99,8 @@ def run(config: Config, *, log_path: Optional[str] = None, summary_path: Optiona
 
 def _start_up(config: Config, world, resume: bool) -> Optional[tuple]:
     """Every check before training, alike on every rank (collective): (roles, splits, plan, iterations,
-    checkpoint to resume or None, the checkpoint directory's lease or None); None if a resumed run is
-    already at its end."""
+    checkpoint to resume or None, the checkpoint directory's lease or None, the run's id or None); None
+    if a resumed run is already at its end."""
     roles = split_roles(config.cluster.workers, config.cluster.ps, world, user_threads=config.train.threads)
     splits, fingerprint = _open_stores(config)
     check_agreement(world, config=config.digest(), data=fingerprint,
@@ -119,7 +120,7 @@ def _start_up(config: Config, world, resume: bool) -> Optional[tuple]:
     iterations = modes.run_length(config, train)  # past one pass: epoch after epoch
     if config.train.checkpoint_every:
         _check_checkpoint_room(config, roles, plan.n_rows * config.row_bytes)
-    lease = _take_checkpoint_dir(config, roles, resume)
+    lease, run_id = _take_checkpoint_dir(config, roles, resume)
     try:
         checkpoint = _resume_point(config, roles, fingerprint, plan) if resume else None
     except BaseException:
@@ -132,7 +133,7 @@ def _start_up(config: Config, world, resume: bool) -> Optional[tuple]:
             lease.release()
         roles.free()
         return None
-    return roles, splits, plan, iterations, checkpoint, lease
+    return roles, splits, plan, iterations, checkpoint, lease, run_id
 
 
 def _shard_plan(config: Config, n_rows: int) -> tuple[Optional[ShardPlan], str]:
@@ -165,8 +166,13 @@ def _check_checkpoint_room(config: Config, roles, table_bytes: int) -> None:
                                    f"choose a writable directory with room, on a filesystem every rank sees")
 
 
-def _take_checkpoint_dir(config: Config, roles, resume: bool) -> Optional[run_lease.Lease]:
+def _take_checkpoint_dir(config: Config, roles, resume: bool) -> tuple[Optional[run_lease.Lease], Optional[str]]:
     """Rank 0 takes ``train.checkpoint_dir`` for this run, or every rank raises naming its holder (collective).
+
+    Returns the lease (rank 0; None elsewhere) and the run's id on every
+    rank: a resumed run's is that of the checkpoints in the directory (a
+    directory holds one run's: a new run is refused where there are any),
+    so that the lease and the checkpoints name the run alike.
 
     Only a run that writes checkpoints takes it: a checkpointed mode, with
     periodic checkpoints, a directory of its own or ``--resume``. Without
@@ -176,29 +182,29 @@ def _take_checkpoint_dir(config: Config, roles, resume: bool) -> Optional[run_le
     """
     if not modes.get(config.scheduler.mode).checkpoints or \
             not (resume or config.train.checkpoint_every or config.train.checkpoint_dir):
-        return None
-    lease, refused = None, None
+        return None, None
+    lease, run_id, refused = None, None, None
     if roles.rank == 0:
         root = config.checkpoint_path
+        existing = ckpt.CheckpointDir(root).complete()
+        run_id = (existing[0].meta.get("run") if resume and existing else None) or run_lease.new_run_id()
         try:
-            lease = run_lease.acquire(root, run_lease.this_holder(config.name), resume=resume,
-                                      has_checkpoints=lambda: bool(ckpt.CheckpointDir(root).complete()),
-                                      say=lambda message: _say(roles, message))
-            others = [] if resume else ckpt.CheckpointDir(root).complete()
-            if others:  # a new run would replace them step by step
+            lease = run_lease.acquire(root, run_lease.this_holder(config.name, run_id), resume=resume,
+                                      has_checkpoints=lambda: bool(existing), say=lambda message: _say(roles, message))
+            if existing and not resume:  # a new run would replace them step by step
                 lease.release()
                 lease = None
-                refused = (f"train.checkpoint_dir={root} holds the checkpoints of another run ({others[0].path.name} "
-                           f"the newest, run {others[0].meta.get('run', 'of an earlier version')}); --resume "
+                refused = (f"train.checkpoint_dir={root} holds the checkpoints of another run ({existing[0].path.name} "
+                           f"the newest, run {existing[0].meta.get('run', 'of an earlier version')}); --resume "
                            f"continues it, or choose another train.checkpoint_dir")
         except run_lease.LeaseError as err:
             refused = str(err)
         except OSError as err:
             refused = f"train.checkpoint_dir={root}: {err.strerror or err}; choose a writable directory"
-    refused = roles.world.bcast(refused, root=0)
+    refused, run_id = roles.world.bcast((refused, run_id), root=0)
     if refused:
         raise ckpt.CheckpointError(refused)
-    return lease
+    return lease, run_id
 
 
 def _say(roles, message: str) -> None:

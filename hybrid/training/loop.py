@@ -60,7 +60,6 @@ import copy
 import itertools
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -77,7 +76,7 @@ from hybrid.runtime.embedding_init import fill_initial_runs
 from hybrid.runtime.preemption import StopRequest, describe
 from hybrid.runtime.reshard import ShardFiles, checkpoint_plan, cold_start, same_layout
 from hybrid.runtime.rma_store import EmbeddingStore, Handle
-from hybrid.runtime.run_lease import Lease
+from hybrid.runtime.run_lease import Lease, new_run_id
 from hybrid.runtime.shard_plan import ShardPlan
 from hybrid.runtime.watchdog import Watchdog
 from hybrid.scheduling.allocation import AdaptiveLaiaAllocation
@@ -138,19 +137,21 @@ class HybridTrainer:
     ranks load their rows from it, workers the MLP, its optimizer and the
     scheduler's state. ``stop``: a signal request that ends the run early
     with a checkpoint (docs/design.md section 13). ``lease``: worker 0's hold
-    on the checkpoint directory, checked before each checkpoint (None: not held).
+    on the checkpoint directory, checked before each checkpoint (None: not held);
+    ``run_id``: the run's id its checkpoints carry.
     """
 
     def __init__(self, config: Config, roles: Roles, store: BatchStore, *,
                  resume: Optional[ckpt.Checkpoint] = None, stop: Optional[StopRequest] = None,
-                 plan: Optional[ShardPlan] = None, lease: Optional[Lease] = None):
+                 plan: Optional[ShardPlan] = None, lease: Optional[Lease] = None, run_id: Optional[str] = None):
         start = time.perf_counter()
         self.config, self.roles, self.data = config, roles, store
         self.stop = stop or StopRequest()
         self.checkpoints = ckpt.CheckpointDir(config.checkpoint_path, config.train.checkpoint_keep)
         self.lease = lease
-        # the run's id in its checkpoints: a resumed run keeps it, and retention removes only its own
-        self.run_id = (resume.meta.get("run") if resume else None) or uuid.uuid4().hex[:12]
+        # the run's id in its checkpoints (retention removes only its own): ``run_id`` (hybrid.training.job:
+        # the lease's), else a resumed checkpoint's, else a new one
+        self.run_id = run_id or (resume.meta.get("run") if resume else None) or new_run_id()
         self.run = RunState(start_step=resume.step + 1 if resume else 0)
         self.per_epoch = max(1, store.num_batches(config.global_batch))  # global batches in one pass
         self.rates = RateSchedule.of(config, self.per_epoch)

@@ -107,6 +107,8 @@ def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_model(reference, tmp_
             and "--resume continues that run" in result.stderr, result.stdout + result.stderr
     output = _resume_and_compare(reference, checkpoints, tmp_path)
     assert f"took over {checkpoints} from run {holder['run']} (w1-smoke" in output, output
+    # the resumed run is the killed one: its checkpoints keep that run's id
+    assert json.loads((checkpoints / "step-000000199" / "meta.json").read_text())["run"] == holder["run"]
     assert "resuming from" in output and "step-000000199" not in output.split("resuming from")[1].split("\n")[0]
 
 
@@ -162,6 +164,7 @@ def test_a_second_run_given_the_directory_in_use_is_refused_and_the_first_one_is
     # a new run there would replace the finished run's checkpoints step by step: refused
     result = _run(*_train_args(reference / "store", checkpoints, tmp_path / "third.jsonl", "seed=7"))
     run = json.loads((checkpoints / "step-000000199" / "meta.json").read_text())["run"]
+    assert run == holder["run"]  # the lease and the checkpoints name the run alike
     assert result.returncode != 0 and f"train.checkpoint_dir={checkpoints} holds the checkpoints of another run " \
         f"(step-000000199 the newest, run {run}); --resume continues it" in result.stderr, result.stderr
 
