@@ -22,6 +22,7 @@ HERE = Path(__file__).parent
 KERNELS = sorted(p.stem for p in (HERE / "cython_ext").glob("*.pyx"))
 # x86-64-v2 (every x86 server CPU since 2009) has POPCNT: without it GCC turns
 # __builtin_popcountll, used for holder bitsets, into a library call.
+# -ffp-contract=off (below): a worker's SGD kernel rounds as NumPy does, product then difference
 ARCH_FLAGS = ["-march=x86-64-v2"] if platform.machine() in ("x86_64", "AMD64") else []
 
 
@@ -70,7 +71,7 @@ extensions = [
         f"hybrid._ext.{name}",
         [f"cython_ext/{name}.pyx"],
         include_dirs=[np.get_include(), "cython_ext"],
-        extra_compile_args=["-O3", "-fopenmp", *ARCH_FLAGS],
+        extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", *ARCH_FLAGS],
         extra_link_args=["-fopenmp"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )

@@ -8,7 +8,7 @@ worker must not write outside the window), then copied without the GIL.
 NumPy's ``shard[rows] += values`` would add them once.
 """
 from cython cimport floating
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
 
 
@@ -57,3 +57,36 @@ def add_rows(floating[:, ::1] shard, const int64_t[::1] rows, const floating[:, 
             target = &shard[rows[i], 0]
             for j in range(dim):
                 target[j] += values[i, j]
+
+
+def sgd_rows(floating[:, ::1] cache, const int32_t[::1] slots, const int32_t[::1] positions,
+             const floating[:, ::1] gradients, double lr):
+    """``cache[slots[p], :dim] -= lr * gradients[p]`` for each ``p`` in ``positions`` (a worker's local SGD).
+
+    The arithmetic of NumPy's ``cache[slots[positions]] -= lr * gradients[positions]``
+    in the cache's precision (``lr`` rounded to it first, a product, then a
+    difference; setup.py turns off fused multiply-adds), so the result is
+    the same bit for bit, in one pass instead of six. The positions' slots
+    must differ (a worker's rows of one iteration do).
+    """
+    cdef Py_ssize_t i, j, dim = gradients.shape[1], n_slots = cache.shape[0]
+    cdef int32_t p, bad = -1
+    cdef floating rate = <floating>lr
+    cdef floating* row
+    if dim > cache.shape[1]:
+        raise ValueError(f"gradients are {dim} wide, the cache's rows {cache.shape[1]}")
+    with nogil:
+        for i in range(positions.shape[0]):
+            p = positions[i]
+            if p < 0 or p >= gradients.shape[0] or p >= slots.shape[0] or slots[p] < 0 or slots[p] >= n_slots:
+                bad = <int32_t>i
+                break
+    if bad >= 0:
+        raise IndexError(f"position {positions[bad]}: outside the gradients ({gradients.shape[0]}) or its slot "
+                         f"outside the cache ({n_slots})")
+    with nogil:
+        for i in range(positions.shape[0]):
+            p = positions[i]
+            row = &cache[slots[p], 0]
+            for j in range(dim):
+                row[j] = row[j] - rate * gradients[p, j]

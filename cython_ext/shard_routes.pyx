@@ -1,12 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Where the pieces of a batch's rows live under a shard plan with column slices (docs/design.md section 8).
+"""Where the pieces of a batch's rows live under a shard plan (docs/design.md section 8).
 
 A worker routes every read and write: each row's pieces (one per column
 slice of its table, one for a whole row) go to their PS shard, grouped by
 shard and piece width so each group is one operation. Done in NumPy that
 is a dozen passes over the rows (searches, repeats, a sort); here it is two
-passes without the GIL and a counting sort, so routing a plan with column
-slices costs what routing whole rows costs.
+passes without the GIL and a counting sort. Every store operation of every
+iteration starts here, so the rows' bounds are checked here too (two NumPy
+reductions cost more than the routing of a batch's rows).
 """
 import numpy as np
 
@@ -25,50 +26,80 @@ cdef inline Py_ssize_t _group(const int64_t[::1] group_lo, int64_t row) noexcept
     return lo
 
 
-def route(const int64_t[::1] rows, const int64_t[::1] group_lo, const int64_t[::1] group_stride,
-          const int64_t[::1] group_first, const int64_t[::1] group_pieces, const int64_t[::1] shard,
-          const int64_t[::1] base, const int64_t[::1] col_lo, const int64_t[::1] width, int64_t n_shards,
-          int64_t dim, int64_t only):
-    """Every piece of ``rows`` (on shard ``only``, or on all when ``only < 0``), grouped by (shard, width).
+cdef class Router:
+    """A shard plan's tables, held for routing (:class:`hybrid.runtime.shard_plan.ShardPlan` builds one).
 
-    The plan's arrays are :class:`hybrid.runtime.shard_plan.ShardPlan`'s: per group
-    its first row, stride, first segment and pieces per row; per segment its
-    shard, base, first column and width (whole rows: ``dim``). Returns
-    ``(position, local, col_lo, bounds)``: pieces in (shard, width, row)
-    order and ``bounds`` ``[n_shards * (dim + 1) + 1]``, the pieces of key
-    ``shard * (dim + 1) + width`` being ``bounds[key]:bounds[key + 1]``.
+    Per group: its first row, stride, first segment and pieces per row; per
+    segment: its shard, base, first column and width (plans of whole rows:
+    ``dim`` 0 and widths 0, so the keys are the shards). Held here, not
+    passed per call: taking nine typed views costs more than routing a
+    batch's rows.
     """
-    cdef Py_ssize_t n = rows.shape[0], n_keys = n_shards * (dim + 1), i, j, g, total = 0
-    cdef int64_t offset, seg, step, key
-    counts = np.zeros(n_keys + 1, dtype=np.int64)
-    cdef int64_t[::1] c = counts
-    with nogil:
-        for i in range(n):
-            g = _group(group_lo, rows[i])
-            offset = rows[i] - group_lo[g]
-            seg = group_first[g] + (offset % group_stride[g]) * group_pieces[g]
-            for j in range(group_pieces[g]):
-                if only < 0 or shard[seg + j] == only:
-                    c[shard[seg + j] * (dim + 1) + width[seg + j] + 1] += 1
-                    total += 1
-        for i in range(n_keys):
-            c[i + 1] += c[i]
-    position = np.empty(total, dtype=np.int64)
-    local = np.empty(total, dtype=np.int64)
-    first_col = np.empty(total, dtype=np.int64)
-    fill = counts[:-1].copy()
-    cdef int64_t[::1] p = position, at = local, cl = first_col, f = fill
-    with nogil:
-        for i in range(n):
-            g = _group(group_lo, rows[i])
-            offset = rows[i] - group_lo[g]
-            seg = group_first[g] + (offset % group_stride[g]) * group_pieces[g]
-            step = offset // group_stride[g]
-            for j in range(group_pieces[g]):
-                if only < 0 or shard[seg + j] == only:
-                    key = shard[seg + j] * (dim + 1) + width[seg + j]
-                    p[f[key]] = i
-                    at[f[key]] = base[seg + j] + step
-                    cl[f[key]] = col_lo[seg + j]
-                    f[key] += 1
-    return position, local, first_col, counts
+
+    cdef const int64_t[::1] group_lo, group_stride, group_first, group_pieces, shard, base, col_lo, width
+    cdef readonly int64_t n_shards, dim, n_rows
+    cdef object arrays  # the arrays the views are of, for pickling
+
+    def __init__(self, group_lo, group_stride, group_first, group_pieces, shard, base, col_lo, width,
+                 int64_t n_shards, int64_t dim, int64_t n_rows):
+        self.arrays = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in
+                            (group_lo, group_stride, group_first, group_pieces, shard, base, col_lo, width))
+        self.group_lo, self.group_stride, self.group_first, self.group_pieces = self.arrays[:4]
+        self.shard, self.base, self.col_lo, self.width = self.arrays[4:]
+        self.n_shards, self.dim, self.n_rows = n_shards, dim, n_rows
+
+    def __reduce__(self):
+        """Plans travel between ranks pickled; so does their router."""
+        return Router, (*self.arrays, self.n_shards, self.dim, self.n_rows)
+
+    def route(self, const int64_t[::1] rows, int64_t only):
+        """Every piece of ``rows`` (on shard ``only``, or on all when ``only < 0``), grouped by (shard, width).
+
+        Returns ``(position, local, col_lo, bounds)``: pieces in (shard,
+        width, row) order and ``bounds`` ``[n_shards * (dim + 1) + 1]``, the
+        pieces of key ``shard * (dim + 1) + width`` being
+        ``bounds[key]:bounds[key + 1]``. Raises ``ValueError`` for a row
+        outside ``[0, n_rows)``.
+        """
+        cdef Py_ssize_t n = rows.shape[0], n_keys = self.n_shards * (self.dim + 1), i, j, g, total = 0
+        cdef int64_t offset, seg, step, key, lowest = 0, highest = 0, dim = self.dim
+        counts = np.zeros(n_keys + 1, dtype=np.int64)
+        cdef int64_t[::1] c = counts
+        with nogil:
+            for i in range(n):
+                if rows[i] < lowest:
+                    lowest = rows[i]
+                if rows[i] > highest:
+                    highest = rows[i]
+        if n and (lowest < 0 or highest >= self.n_rows):
+            raise ValueError(f"rows must be in [0, {self.n_rows}), got [{np.min(rows)}, {np.max(rows)}]")
+        with nogil:
+            for i in range(n):
+                g = _group(self.group_lo, rows[i])
+                offset = rows[i] - self.group_lo[g]
+                seg = self.group_first[g] + (offset % self.group_stride[g]) * self.group_pieces[g]
+                for j in range(self.group_pieces[g]):
+                    if only < 0 or self.shard[seg + j] == only:
+                        c[self.shard[seg + j] * (dim + 1) + self.width[seg + j] + 1] += 1
+                        total += 1
+            for i in range(n_keys):
+                c[i + 1] += c[i]
+        position = np.empty(total, dtype=np.int64)
+        local = np.empty(total, dtype=np.int64)
+        first_col = np.empty(total, dtype=np.int64)
+        fill = counts[:-1].copy()
+        cdef int64_t[::1] p = position, at = local, cl = first_col, f = fill
+        with nogil:
+            for i in range(n):
+                g = _group(self.group_lo, rows[i])
+                offset = rows[i] - self.group_lo[g]
+                seg = self.group_first[g] + (offset % self.group_stride[g]) * self.group_pieces[g]
+                step = offset // self.group_stride[g]
+                for j in range(self.group_pieces[g]):
+                    if only < 0 or self.shard[seg + j] == only:
+                        key = self.shard[seg + j] * (dim + 1) + self.width[seg + j]
+                        p[f[key]] = i
+                        at[f[key]] = self.base[seg + j] + step
+                        cl[f[key]] = self.col_lo[seg + j]
+                        f[key] += 1
+        return position, local, first_col, counts

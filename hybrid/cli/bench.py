@@ -184,7 +184,8 @@ def cmd_bench_train(args) -> int:
     result = train_bench.run(config_path=args.config, sizes=tuple(args.sizes.split(",")),
                              modes=tuple((args.modes or "vanilla,herald").split(",")),
                              iterations=args.iterations or 200, repeats=args.repeats, full_rows=args.full_rows,
-                             overrides=args.overrides, progress=say)
+                             overrides=args.overrides, batches=args.batches or (None,), beside=args.beside,
+                             progress=say)
     print(train_bench.format_table(result), file=text_out(args))
     if args.json:
         print(json.dumps(result))
@@ -288,11 +289,17 @@ def register(subparsers) -> None:
                                                         "twin (default: %(default)s)")
     p.add_argument("--modes", default=None,
                    help="train, e2e (default vanilla,herald), transmissions, cache-size (default: the suite's "
-                        "cases): cases to compare, each MODE[+KEY=VALUE...], the baseline first")
+                        "cases): cases to compare, each MODE[+KEY=VALUE...], the baseline first; train also "
+                        "takes plain[+KEY=VALUE...], the one-process floor")
     p.add_argument("--repeats", type=int, default=3,
                    help="train, e2e, launch, scheduler, preprocess: runs per case, alternating (median reported); "
                         "the counting suites are deterministic and run once")
     p.add_argument("--full-rows", type=int, default=2_000_000, help="train: samples of the full-size store")
+    p.add_argument("--batches", type=_int_list, default=None,
+                   help="train: train.batch_per_worker values to run every case at; two or more fit each stage as "
+                        "a fixed cost per iteration plus a cost per sample or row (default: the config's)")
+    p.add_argument("--beside", type=Path, default=None,
+                   help="train: a built checkout of another commit; every case also runs from it (CASE@beside)")
     p.add_argument("--bandwidth", type=_bandwidth, default="1gbit",
                    help="e2e: link rate as tc writes it, or none for unshaped (default: %(default)s)")
     p.add_argument("--latency-ms", type=float, default=0.0, help="e2e: added one-way delay per link direction")

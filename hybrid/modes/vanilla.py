@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hybrid._ext import row_kernels
 from hybrid.config import EmbeddingOptimizer, Mode
 from hybrid.embedding_optimizer import updated
 from hybrid.modes.base import TrainingMode
@@ -65,11 +66,12 @@ class Vanilla(TrainingMode):
         if self.config.train.embedding_optimizer is not EmbeddingOptimizer.sgd:
             return self._update_rowwise(work, gradients)
         lr = self.embedding_lr
-        local = work.local
-        self.cache[work.slots[local]] -= lr * gradients[local]
+        gradients = np.ascontiguousarray(gradients)
+        slots = np.asarray(work.slots, dtype=np.int32)
         full = work.full_set
-        full_slots = work.slots[full]
-        self.cache[full_slots] -= lr * gradients[full]
+        for positions in (work.local, full):  # one pass each, rounding as NumPy's cache[...] -= lr * g[...]
+            row_kernels.sgd_rows(self.cache, slots, np.asarray(positions, dtype=np.int32), gradients, lr)
+        full_slots = slots[full]
         writes = [self.table.put(work.rows[full], self.cache[full_slots]),
                   self.table.put(work.plan_push.rows, self.cache[work.plan_push.slots])]
         shared = work.accumulate

@@ -15,6 +15,11 @@ docs/training.md ("GPU") says how these are chosen; in short:
   Horovod (``train.allreduce=mpi``): Horovod's coordination cycle would make
   every iteration wait for it (docs/cluster.md, "MPICH"). Workers without
   Horovod (``mpi``, or ``auto`` where it is not installed) sum the same way.
+  A run of one worker has nothing to sum (``auto``): its optimizer steps
+  alone, without a collective per iteration.
+- The sum and the step are two calls (:class:`DenseOptimizer`): the loop
+  times the sum as the allreduce and the step as compute, the model's own
+  arithmetic, which a one-process trainer does too.
 - Staging: the worker's cache lives in host memory (RMA writes into it), so
   each iteration's rows and inputs cross to the GPU and the rows' gradients
   come back. They go through pinned (page-locked) host memory, to the GPU on
@@ -64,9 +69,12 @@ class AllreduceChoice:
     backend: str  # Horovod's backend for the sum: nccl, mpi or gloo
     reason: str
     by_mpi: bool = False  # the host buffer summed by MPI on the workers' communicator, not by Horovod
+    summed: bool = True  # False: one worker, nothing to sum
 
     def describe(self) -> str:
-        if self.by_mpi:
+        if not self.summed:
+            how = "not summed"
+        elif self.by_mpi:
             how = "MPI Allreduce of one host buffer on the workers' communicator"
         elif self.host_staged:
             how = f"host-staged (Horovod {self.backend} on host copies)"
@@ -95,6 +103,8 @@ def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: b
     if on_gpus and len(on_gpus) != len(identities):
         raise AcceleratorError("some workers have a GPU and some do not; give every worker a GPU, "
                                "or set train.device=cpu")
+    if wanted == "auto" and len(identities) == 1:
+        return AllreduceChoice(False, "none", "one worker", summed=False)
     if wanted == "mpi":
         return AllreduceChoice(True, "mpi", "asked for (train.allreduce=mpi)", by_mpi=True)
     if without_horovod is not None:
@@ -121,20 +131,18 @@ def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: b
     return AllreduceChoice(False, "nccl", "one GPU per worker")
 
 
-class HostStagedOptimizer:
-    """An optimizer whose ``step`` first sums the gradients over the workers through host memory.
+class DenseOptimizer:
+    """The MLP's optimizer, its gradients summed over the workers by :meth:`synchronize`, then :meth:`step`.
 
-    All gradients travel as one flat buffer in a fixed parameter order, so
-    the sum (and its rounding) is the same on every worker and every run,
-    like Horovod's single fusion group in deterministic runs.
+    Wraps ``optimizer`` alone (one worker: nothing to sum) or Horovod's
+    ``DistributedOptimizer`` (its sum started by the backward pass, waited
+    for by ``synchronize``). :class:`HostStagedOptimizer` sums through host
+    memory. ``step`` sums first if ``synchronize`` was not called.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, hvd, parameters: list[torch.nn.Parameter]):
-        self.optimizer, self.hvd, self.parameters = optimizer, hvd, parameters
-        numel = sum(p.numel() for p in parameters)
-        device = parameters[0].device if parameters else torch.device("cpu")
-        self.host = torch.empty(numel, dtype=parameters[0].dtype if parameters else torch.float32,
-                                pin_memory=device.type == "cuda")
+    def __init__(self, optimizer: torch.optim.Optimizer, horovod: bool = False):
+        self.optimizer, self.horovod = optimizer, horovod
+        self._summed = False
 
     @property
     def param_groups(self) -> list:
@@ -144,34 +152,80 @@ class HostStagedOptimizer:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad()
 
+    def synchronize(self) -> None:
+        """Sum the gradients over the workers (one worker: nothing to do)."""
+        if self.horovod:
+            self.optimizer.synchronize()
+        self._summed = True
+
     def step(self) -> None:
-        """Copy the gradients to the host buffer, sum it over the workers, copy back, then step."""
-        offset = 0
-        for p in self.parameters:
-            part = self.host[offset:offset + p.numel()]
-            if p.grad is None:
-                part.zero_()
-            else:
-                part.copy_(p.grad.reshape(-1), non_blocking=True)
-            offset += p.numel()
-        if self.host.is_pinned():
-            torch.cuda.current_stream(self.parameters[0].device).synchronize()
-        self.hvd.allreduce_(self.host, op=self.hvd.Sum, name="host_staged_gradients")
-        offset = 0
-        for p in self.parameters:
-            summed = self.host[offset:offset + p.numel()].view_as(p)
-            if p.grad is None:
-                p.grad = summed.to(p.device, copy=True)
-            else:
-                p.grad.copy_(summed, non_blocking=True)
-            offset += p.numel()
-        self.optimizer.step()
+        """Update the parameters from the summed gradients."""
+        if not self._summed:
+            self.synchronize()
+        self._summed = False
+        if self.horovod:
+            with self.optimizer.skip_synchronize():
+                self.optimizer.step()
+        else:
+            self.optimizer.step()
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)
+
+
+class HostStagedOptimizer(DenseOptimizer):
+    """An optimizer whose gradients are summed over the workers as one buffer in host memory.
+
+    All gradients travel as one flat buffer in a fixed parameter order, so
+    the sum (and its rounding) is the same on every worker and every run,
+    like Horovod's single fusion group in deterministic runs. The parameters'
+    gradients are views of one flat tensor on their device (as DDP's
+    ``gradient_as_bucket_view``): backward accumulates into it in place,
+    :meth:`zero_grad` is one fill, and on the CPU the sum runs on it directly;
+    a GPU's is copied to pinned host memory and back, once each way.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, hvd, parameters: list[torch.nn.Parameter]):
+        super().__init__(optimizer)
+        self.hvd, self.parameters = hvd, parameters
+        numel = sum(p.numel() for p in parameters)
+        device = parameters[0].device if parameters else torch.device("cpu")
+        dtype = parameters[0].dtype if parameters else torch.float32
+        self.flat = torch.zeros(numel, dtype=dtype, device=device)
+        self.views, offset = [], 0
+        for p in parameters:
+            self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self._attach()
+        self.host = self.flat if device.type == "cpu" else torch.empty(numel, dtype=dtype, pin_memory=True)
+
+    def _attach(self) -> None:
+        """Make every gradient its view of the flat buffer again (a gradient set elsewhere is copied in)."""
+        for p, view in zip(self.parameters, self.views):
+            if p.grad is not view:
+                if p.grad is None:
+                    view.zero_()
+                else:
+                    view.copy_(p.grad)
+                p.grad = view
+
+    def zero_grad(self) -> None:
+        self._attach()
+        self.flat.zero_()
+
+    def synchronize(self) -> None:
+        """Sum the flat gradient buffer over the workers (through pinned host memory from a GPU)."""
+        self._attach()
+        if self.host is not self.flat:
+            self.host.copy_(self.flat, non_blocking=True)
+            torch.cuda.current_stream(self.flat.device).synchronize()
+        self.hvd.allreduce_(self.host, op=self.hvd.Sum, name="host_staged_gradients")
+        if self.host is not self.flat:
+            self.flat.copy_(self.host, non_blocking=True)
+        self._summed = True
 
 
 class Staging:

@@ -11,7 +11,8 @@ This module and ``rma_store`` (the windows) are the only ones that touch
 MPI; Horovod is imported here, lazily, so data tools run without it, and
 training runs without it too: :class:`MpiCollectives` does what the
 runtime asks of Horovod with MPI (``train.allreduce=mpi``, or ``auto``
-where Horovod is not installed; docs/training.md, "GPU").
+where Horovod is not installed or not worth its cost: see
+:func:`worker_collectives`; docs/training.md, "GPU").
 """
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ import numpy as np
 from mpi4py import MPI
 
 from hybrid.runtime.launch_facts import HostShare, check_horovod_settings, idle_poll_seconds
+
+
+# a worker waiting in a collective while ranks share cores sleeps this long between tests of it
+PATIENT_POLL_SECONDS = 0.0002
 
 
 class RoleError(ValueError):
@@ -76,14 +81,16 @@ class Roles:
 
         One tiny allreduce costs what a barrier costs, so every iteration can
         end with it. It is MPI's (spinning) when each rank has a core, and
-        sleeps between tests when ranks share cores.
+        sleeps between tests when ranks share cores. One worker has nobody to wait for.
         """
+        if self.n_workers == 1:
+            return value
         mine = np.array([value], dtype=np.int32)
         largest = np.zeros(1, dtype=np.int32)
         if self.oversubscribed:
             request = self.workers.Iallreduce(mine, largest, op=MPI.MAX)
             while not request.Test():
-                time.sleep(0.0002)
+                time.sleep(PATIENT_POLL_SECONDS)
         else:
             self.workers.Allreduce(mine, largest, op=MPI.MAX)
         return int(largest[0])
@@ -223,28 +230,41 @@ def abort_job(code: int) -> None:
     MPI.COMM_WORLD.Abort(code)
 
 
-def worker_collectives(roles: Roles, allreduce: str):
+def worker_collectives(roles: Roles, allreduce: str, gpu: bool = False):
     """The workers' collectives (allreduce, broadcast, local rank): Horovod's, or :class:`MpiCollectives`.
 
-    ``train.allreduce=mpi`` never loads Horovod. Otherwise the workers load it
-    where every one of them has it installed; where one has not, ``auto``
-    gives every worker MPI's collectives and ``horovod``/``host`` are refused,
-    naming the workers. The workers decide together: a sum that some run
-    through Horovod and others through MPI would never complete. None on PS
-    ranks, which never join a workers' collective.
+    ``train.allreduce=mpi`` never loads Horovod, nor does ``auto`` where
+    Horovod would cost more than it gives: a run of one worker (nothing to
+    sum), and CPU workers (``gpu`` False on every worker) whose ranks share
+    their host's cores, where Horovod's background thread, coordinating every
+    cycle, took 15-17% of a core per worker of 3 workers + 1 PS on 2 cores
+    and MPI's sum, waiting without spinning, trains faster (docs/cluster.md,
+    "How ranks wait"). Otherwise the workers load it where every one of them
+    has it installed; where one has not, ``auto`` gives every worker MPI's
+    collectives and ``horovod``/``host`` are refused, naming the workers. The
+    workers decide together: a sum that some run through Horovod and others
+    through MPI would never complete. None on PS ranks, which never join a
+    workers' collective.
     """
     if roles.is_ps:
         return None
     if allreduce == "mpi":
-        return MpiCollectives(roles.workers, "asked for (train.allreduce=mpi)")
-    installed = roles.workers.allgather(importlib.util.find_spec("horovod") is not None)
-    if all(installed):
-        return init_horovod(roles)
+        return MpiCollectives(roles.workers, "asked for (train.allreduce=mpi)", patient=roles.oversubscribed)
+    facts = roles.workers.allgather((importlib.util.find_spec("horovod") is not None, gpu, roles.oversubscribed))
+    installed, gpus, shared = (list(column) for column in zip(*facts))
     missing = ", ".join(str(w) for w, found in enumerate(installed) if not found)
-    if allreduce != "auto":
+    if missing and allreduce != "auto":
         raise RoleError(f"train.allreduce={allreduce} needs Horovod, which worker(s) {missing} cannot import "
                         f"(launch/setup.sh builds it); train.allreduce=auto or mpi sums with MPI instead")
-    return MpiCollectives(roles.workers, f"Horovod is not installed (worker(s) {missing})")
+    if allreduce == "auto" and roles.n_workers == 1:
+        return MpiCollectives(roles.workers, "one worker", patient=roles.oversubscribed)
+    if missing:
+        return MpiCollectives(roles.workers, f"Horovod is not installed (worker(s) {missing})",
+                              patient=roles.oversubscribed)
+    if allreduce == "auto" and not any(gpus) and all(shared):
+        return MpiCollectives(roles.workers, "CPU workers whose ranks share cores (Horovod's coordination cycle "
+                                             "would take a core's share from training)", patient=True)
+    return init_horovod(roles)
 
 
 def init_horovod(roles: Roles):
@@ -268,13 +288,16 @@ class MpiCollectives:
     staged by the caller (hybrid.runtime.accelerator.HostStagedOptimizer).
     One ``MPI_Allreduce`` gives every worker the same sum, so replicas that
     apply it (FAE's hot rows, the MLP) stay equal. ``reason`` says why the
-    run uses it; the training summary prints it.
+    run uses it; the training summary prints it. ``patient``: the ranks share
+    cores, so a worker waiting for the others' sum sleeps between tests of a
+    non-blocking one instead of spinning on a core they need (as
+    :meth:`Roles.worker_barrier_max`).
     """
 
     Sum = "sum"
 
-    def __init__(self, workers: MPI.Comm, reason: str):
-        self.comm, self.reason = workers, reason
+    def __init__(self, workers: MPI.Comm, reason: str, patient: bool = False):
+        self.comm, self.reason, self.patient = workers, reason, patient
         machines = workers.allgather(_machine_id())
         self._local_rank = machines[:workers.rank].count(machines[workers.rank])
 
@@ -297,7 +320,14 @@ class MpiCollectives:
     def allreduce_(self, tensor, op: str = Sum, name: str = "") -> object:
         """Sum a contiguous host ``tensor`` over the workers, in place."""
         self._check(tensor, op)
-        self.comm.Allreduce(MPI.IN_PLACE, tensor.numpy(), op=MPI.SUM)
+        if self.comm.size == 1:
+            return tensor
+        if self.patient:
+            request = self.comm.Iallreduce(MPI.IN_PLACE, tensor.numpy(), op=MPI.SUM)
+            while not request.Test():
+                time.sleep(PATIENT_POLL_SECONDS)
+        else:
+            self.comm.Allreduce(MPI.IN_PLACE, tensor.numpy(), op=MPI.SUM)
         return tensor
 
     def allreduce(self, tensor, op: str = Sum, name: str = "") -> object:

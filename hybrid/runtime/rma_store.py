@@ -38,8 +38,6 @@ training run.
 """
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -80,17 +78,22 @@ def choose_transport(requested: str, comm: MPI.Comm) -> str:
     return "rma" if comm.allreduce(one_host, op=MPI.LAND) else "packed"
 
 
-@dataclass
 class Handle:
-    """Outstanding store operations (one-sided or packed); ``wait()`` completes them."""
+    """Outstanding store operations (one-sided or packed); ``wait()`` completes them.
 
-    store: "EmbeddingStore"
-    targets: list = field(default_factory=list)  # PS ranks to flush (rma)
-    version_targets: list = field(default_factory=list)  # PS ranks to flush in the versions window (rma)
-    requests: list = field(default_factory=list)  # messages to complete (packed)
-    scatter: list = field(default_factory=list)  # (destination, positions, staging, columns) for reads
-    buffers: list = field(default_factory=list)  # origin buffers MPI may read until the flush
-    done: bool = False
+    A plain class with slots: several are made every iteration.
+    """
+
+    __slots__ = ("store", "targets", "version_targets", "requests", "scatter", "buffers", "done")
+
+    def __init__(self, store: "EmbeddingStore"):
+        self.store = store
+        self.targets: list = []  # PS ranks to flush (rma)
+        self.version_targets: list = []  # PS ranks to flush in the versions window (rma)
+        self.requests: list = []  # messages to complete (packed)
+        self.scatter: list = []  # (destination, positions, staging, columns) for reads
+        self.buffers: list = []  # origin buffers MPI may read until the flush
+        self.done = False
 
     def wait(self) -> None:
         self.store.complete(self)
@@ -188,45 +191,57 @@ class EmbeddingStore:
         self.rows_moved = {"pull": 0, "put": 0, "accumulate": 0, "version_read": 0, "version_add": 0}
 
     # ------------------------------------------------------------ operations
-    def _batches(self, rows: np.ndarray, only: Optional[int] = None):
-        """(target rank, positions in ``rows``, local rows, columns) per PS rank and piece width.
+    def _batches(self, rows: np.ndarray, only: Optional[int] = None) -> list:
+        """(target rank, positions in ``rows``, local rows, columns) per PS rank and piece width, by rank.
 
         ``columns`` is None for whole rows; for column slices it is each
         piece's column indices ``[n, width]``, and the local rows count rows
         of that width. All pieces of one width on one rank come as one entry,
         whichever columns they hold (one packed message; with one-sided
         operations a rank's entries make one operation, see ``_target_type``).
-        ``only``: the pieces on that PS shard.
+        ``only``: the pieces on that PS shard. Routing is one kernel call
+        (``ShardPlan.routes``), since every operation of every iteration starts here.
         """
-        rows = np.asarray(rows, dtype=np.int64)
-        if len(rows) and (rows.min() < 0 or rows.max() >= self.plan.n_rows):
-            raise ValueError(f"rows must be in [0, {self.plan.n_rows}), got [{rows.min()}, {rows.max()}]")
+        if len(rows) == 0:
+            return []
         if self.channel is not None and len(rows) * (8 + self.row_bytes) > _MAX_MESSAGE_BYTES:
             raise ValueError(f"{len(rows)} rows of {self.row_bytes} bytes exceed one MPI message; split them")
-        if not self.plan.columns:
-            shard, local = self.plan.locate(rows)
-            order = np.argsort(shard, kind="stable")
-            bounds = np.searchsorted(shard[order], np.arange(len(self.ps_ranks) + 1))
-            for s, target in enumerate(self.ps_ranks):
-                positions = order[bounds[s]:bounds[s + 1]]
-                if len(positions) and only in (None, s):
-                    yield target, positions, local[positions], None
-            return
-        position, local, col_lo, bounds = self.plan.routes(rows, only)
-        for key in np.flatnonzero(np.diff(bounds)):
-            s, w = divmod(int(key), self.dim + 1)
-            mine = slice(bounds[key], bounds[key + 1])
-            columns = None if w == self.dim else col_lo[mine, None] + np.arange(w)
-            yield self.ps_ranks[s], position[mine], local[mine], columns
+        try:
+            position, local, col_lo, bounds = self.plan.routes(rows, only)
+        except ValueError as err:
+            raise ValueError(str(err)) from None
+        if len(position) == 0:
+            return []
+        keys = np.flatnonzero(bounds[1:] != bounds[:-1]).tolist() if len(bounds) > 2 else [0]
+        per_shard = self.plan._route_dim + 1
+        batches = []
+        for key in keys:
+            s, width = divmod(key, per_shard)
+            lo, hi = int(bounds[key]), int(bounds[key + 1])
+            if len(keys) == 1 and lo == 0 and hi == len(position):
+                mine = slice(None)
+            else:
+                mine = slice(lo, hi)
+            columns = None if not self.plan.columns or width == self.dim else col_lo[mine, None] + np.arange(width)
+            batches.append((self.ps_ranks[s], position[mine], local[mine], columns))
+        return batches
 
-    def _by_target(self, rows: np.ndarray, only: Optional[int]):
+    def _by_target(self, rows: np.ndarray, only: Optional[int]) -> list:
         """(target rank, [(positions, local rows, columns), ...]): a rank's pieces, one entry per width."""
-        for target, group in itertools.groupby(self._batches(rows, only), key=lambda batch: batch[0]):
-            yield target, [batch[1:] for batch in group]
+        grouped: list = []
+        for target, positions, local, columns in self._batches(rows, only):
+            if grouped and grouped[-1][0] == target:
+                grouped[-1][1].append((positions, local, columns))
+            else:
+                grouped.append((target, [(positions, local, columns)]))
+        return grouped
 
     def _staging(self, parts) -> tuple[np.ndarray, list]:
         """One contiguous buffer for a rank's parts, and a ``[n, width]`` view of it per part, in order."""
         widths = [self.dim if columns is None else columns.shape[1] for _, _, columns in parts]
+        if len(parts) == 1:
+            flat = np.empty(len(parts[0][0]) * widths[0], dtype=self.dtype)
+            return flat, [flat.reshape(-1, widths[0])]
         sizes = [len(positions) * w for (positions, _, _), w in zip(parts, widths)]
         flat = np.empty(sum(sizes), dtype=self.dtype)
         bounds = np.cumsum([0, *sizes])

@@ -37,7 +37,7 @@ from typing import Optional
 
 import numpy as np
 
-from hybrid._ext.shard_routes import route
+from hybrid._ext.shard_routes import Router
 
 
 class ShardPlanError(ValueError):
@@ -106,6 +106,12 @@ class ShardPlan:
         self._base = np.array([s.base for s in self.segments], dtype=np.int64)
         self._col_lo = np.array([s.col_lo for s in self.segments], dtype=np.int64)
         self._width = np.array([s.unit(self.dim) for s in self.segments], dtype=np.int64)
+        # routes() keys pieces by (shard, width) with column slices, by the shard alone for whole rows
+        self._route_dim = self.dim if self.columns else 0
+        self._router = Router(self._group_lo, self._group_stride, self._group_first, self._group_pieces,
+                              self._shard, self._base, self._col_lo,
+                              self._width if self.columns else np.zeros(len(self.segments), dtype=np.int64),
+                              self.n_shards, self._route_dim, self.n_rows)
 
     # ---------------------------------------------------------- construction
     @classmethod
@@ -249,16 +255,14 @@ class ShardPlan:
         return position, keys // (self.dim + 1), local, col_lo, keys % (self.dim + 1)
 
     def routes(self, rows, only: Optional[int] = None):
-        """The pieces of ``rows`` (on shard ``only``, or on every shard) grouped by shard and width, for a
-        plan with column slices: ``(position, local, col_lo, bounds)``, the pieces of shard ``s`` and width
-        ``w`` being ``bounds[k]:bounds[k + 1]`` with ``k = s * (dim + 1) + w`` (``shard_routes.route``)."""
-        if not self.columns:
-            raise ShardPlanError("routes are for plans with column slices; whole rows: ShardPlan.locate")
-        rows = np.ascontiguousarray(rows, dtype=np.int64)
-        if len(rows) and (rows.min() < 0 or rows.max() >= self.n_rows):  # the kernel trusts its rows
-            raise ShardPlanError(f"rows must be in [0, {self.n_rows}), got [{rows.min()}, {rows.max()}]")
-        return route(rows, self._group_lo, self._group_stride, self._group_first, self._group_pieces, self._shard,
-                     self._base, self._col_lo, self._width, self.n_shards, self.dim, -1 if only is None else only)
+        """The pieces of ``rows`` (on shard ``only``, or on every shard) grouped by shard and width:
+        ``(position, local, col_lo, bounds)``, the pieces of shard ``s`` and width ``w`` being
+        ``bounds[k]:bounds[k + 1]`` with ``k = s * (dim + 1) + w`` (``shard_routes.Router.route``). A plan of whole
+        rows has one piece per row and keys ``k = s`` (width 0). Raises for rows outside the plan."""
+        try:
+            return self._router.route(np.ascontiguousarray(rows, dtype=np.int64), -1 if only is None else only)
+        except ValueError as err:
+            raise ShardPlanError(str(err)) from None
 
     def runs(self, shard: int) -> list[tuple[int, int, int, int, int, int]]:
         """``(local_start, global_start, count, stride, col_lo, width)`` per segment of ``shard``, in

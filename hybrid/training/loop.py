@@ -21,9 +21,12 @@ of them and the loop has no branch per mode:
   ``mode.after_reads`` (P2P: received rows placed; HET: versions checked);
   start reading ``t + 1``'s prefetchable rows if ``mode.reads_ahead``;
 - ``compute``: forward/backward of the worker's samples, their rows from
-  ``mode.embeddings`` (the cache, or FAE's replica);
-- ``allreduce``: the MLP gradients, summed over the workers; then
-  ``mode.reduce`` (FAE's hot iterations: the batch's hot-row gradients);
+  ``mode.embeddings`` (the cache, or FAE's replica); after the allreduce, the
+  MLP's optimizer step (the model's arithmetic, which a one-process trainer
+  does too);
+- ``allreduce``: the MLP gradients, summed over the workers (nothing with one
+  worker); then ``mode.reduce`` (FAE's hot iterations: the batch's hot-row
+  gradients);
 - ``push``: ``mode.update`` (local SGD, then Accumulate/Put of shared,
   full-set and plan-pushed rows; HET: its pushes of unpushed updates; FAE's
   hot iterations: SGD on the replica); ``data`` and ``schedule_wait``: the
@@ -37,7 +40,8 @@ Reads and writes of different rows never conflict; for one row:
 1. Every read of iteration ``t`` completes before any Accumulate or Put of
    ``t``: reads are flushed in ``pull`` (prefetched ones at the end of
    ``t - 1``), and those writes start after the allreduce, which no worker
-   leaves before every worker has entered it, i.e. finished its reads. (The
+   leaves before every worker has entered it, i.e. finished its reads (one
+   worker: its own reads are complete). (The
    write-backs in ``pull`` are of rows nobody reads in ``t``: a dirty row that
    another worker needs in ``t`` was plan-pushed in ``t - 1``, so it is no
    longer dirty when evicted.)
@@ -55,7 +59,6 @@ device staging, the MLP's checkpoint file), where it runs.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import sys
@@ -88,20 +91,36 @@ STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barr
 
 
 class Stages:
-    """Seconds per stage of one iteration; each stage is also a ``torch.profiler`` range where torch is loaded."""
+    """Seconds per stage of one iteration; each stage is also a ``torch.profiler`` range while a profiler records.
+
+    Entered about ten times per iteration, so it costs what a clock read
+    costs: opening a ``record_function`` range is 20-30 us of the
+    dispatcher's, and only pays while a profiler records.
+    """
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
         self.current = "starting"  # the stage running now (the watchdog's report)
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        start = time.perf_counter()
-        self.current = name
+        self._start = 0.0
+        self._range = None
         torch = sys.modules.get("torch")  # not on PS ranks (see the module docstring)
-        with torch.profiler.record_function(name) if torch else contextlib.nullcontext():
-            yield
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+        self._profiling = torch.autograd._profiler_enabled if torch else None
+
+    def __call__(self, name: str) -> "Stages":
+        self.current = name
+        return self
+
+    def __enter__(self) -> None:
+        if self._profiling is not None and self._profiling():
+            self._range = sys.modules["torch"].profiler.record_function(self.current)
+            self._range.__enter__()
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.seconds[self.current] = self.seconds.get(self.current, 0.0) + time.perf_counter() - self._start
+        if self._range is not None:
+            self._range.__exit__(*exc)
+            self._range = None
 
 
 @dataclass
@@ -168,7 +187,8 @@ class HybridTrainer:
                                     init=self._initial_rows(resume, plan), transport=config.cluster.transport.value,
                                     spin_seconds=0.0 if roles.oversubscribed else 0.002,
                                     versions=mode.store_versions, plan=plan, poll_seconds=roles.poll_seconds)
-        self.hvd = worker_collectives(roles, config.train.allreduce)  # horovod.torch, or MpiCollectives
+        self.hvd = worker_collectives(roles, config.train.allreduce,  # horovod.torch, or MpiCollectives
+                                      gpu=self._computes_on_gpu(config, roles))
         self.last_loss = 0.0
         self.start_wait_seconds = 0.0  # workers: the wait for the others before the clock starts (job._train)
         self._served = False  # the workers have released the PS ranks (end_service)
@@ -211,6 +231,15 @@ class HybridTrainer:
             if cold_start(resume.meta, roles.n_workers, self.table.plan, config.to_dict()["cache"]) is None:
                 self.resume_arrays = ckpt.read_arrays(resume.file("scheduler.npz"))
         self.startup_seconds = time.perf_counter() - start
+
+    @staticmethod
+    def _computes_on_gpu(config: Config, roles: Roles) -> bool:
+        """Whether this worker will compute on a GPU (asked before Horovod loads; False on PS ranks)."""
+        if roles.is_ps or config.train.device == "cpu":
+            return False
+        import torch
+
+        return torch.cuda.is_available()
 
     def _agree_on_scored_tables(self) -> Optional[int]:
         """Adaptive LAIA with ``scheduler.budget_ms``: how many tables every worker scores.
@@ -263,14 +292,17 @@ class HybridTrainer:
         from hybrid.runtime import accelerator
 
         local = dense_optimizer(self.config, self.model.parameters())
+        if not self.allreduce.summed:  # one worker
+            return accelerator.DenseOptimizer(local)
         if self.allreduce.by_mpi:
             collectives = self.hvd if isinstance(self.hvd, MpiCollectives) else \
-                MpiCollectives(self.roles.workers, self.allreduce.reason)
+                MpiCollectives(self.roles.workers, self.allreduce.reason, patient=self.roles.oversubscribed)
             return accelerator.HostStagedOptimizer(local, collectives, list(self.model.parameters()))
         if self.allreduce.host_staged:
             return accelerator.HostStagedOptimizer(local, self.hvd, list(self.model.parameters()))
-        return self.hvd.DistributedOptimizer(local, named_parameters=self.model.named_parameters(), op=self.hvd.Sum,
-                                             groups=1 if self.config.train.deterministic else None)
+        return accelerator.DenseOptimizer(
+            self.hvd.DistributedOptimizer(local, named_parameters=self.model.named_parameters(), op=self.hvd.Sum,
+                                          groups=1 if self.config.train.deterministic else None), horovod=True)
 
     # -------------------------------------------------------------- training
     def train(self, iterations: int, on_step: Optional[Callable[[dict], None]] = None,
@@ -584,9 +616,11 @@ class HybridTrainer:
             self.optimizer.zero_grad()
             loss.backward()
         with stages("allreduce"):
-            self.optimizer.step()  # ordering rule 1: every worker's reads of this iteration are complete
-            self.last_loss = float(loss.detach()) * len(ready.batch)
+            self.optimizer.synchronize()  # ordering rule 1: every worker's reads of this iteration are complete
             gradients = self.mode.reduce(work, self.staging.to_host(leaf.grad))
+        with stages("compute"):  # the MLP's update: the model's arithmetic, as in a one-process trainer
+            self.optimizer.step()
+            self.last_loss = float(loss.detach()) * len(ready.batch)
         with stages("push"):
             writes = self.mode.update(work, gradients)
             if not self.overlap:

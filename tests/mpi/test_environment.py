@@ -67,6 +67,11 @@ def test_without_horovod_the_workers_sum_and_broadcast_with_mpi(monkeypatch):
         assert isinstance(chosen, MpiCollectives) and chosen.reason == "Horovod is not installed (worker(s) 1)"
         with pytest.raises(RoleError, match=r"train.allreduce=horovod needs Horovod, which worker\(s\) 1 cannot"):
             worker_collectives(roles, "horovod")
+        monkeypatch.setattr(importlib.util, "find_spec", found)
+        if all(roles.workers.allgather(roles.oversubscribed)):  # CPU workers sharing cores never load Horovod
+            chosen = worker_collectives(roles, "auto")
+            assert isinstance(chosen, MpiCollectives) and chosen.patient
+            assert chosen.reason.startswith("CPU workers whose ranks share cores")
     roles.free()
     world.Barrier()
 

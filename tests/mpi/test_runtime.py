@@ -170,6 +170,9 @@ def test_training_reports_throughput_transmissions_and_auc(store_path, tmp_path_
     summary = train_job.run(_config(store_path, "train.iterations=30"), progress=False,
                             log_path=str(out / "log.jsonl"), summary_path=str(out / "summary.json"))
     yielding = all(world.allgather(mpi_yield.active()))  # MPICH's waits yield (tests/conftest.py prepared them)
+    roles = split_roles(world.size - 1, 1)
+    shared = all(world.allgather(roles.oversubscribed))  # as the run's own roles counted this host
+    roles.free()
     if world.rank == 0:
         assert summary["iterations"] == 30 and summary["throughput"] > 0
         assert summary["transmissions"]["rows"] == summary["transmissions"]["pull_rows"] + \
@@ -182,8 +185,14 @@ def test_training_reports_throughput_transmissions_and_auc(store_path, tmp_path_
         if torch.cuda.is_available():  # launch/rank_env.sh: one GPU per worker where there are enough
             assert summary["compute"]["device"].startswith("cuda:")
         else:
-            allreduce = ("MPI Allreduce of one host buffer on the workers' communicator: MPICH ranks share cores "
-                         "(Horovod's cycle would pace every iteration)") if yielding else "Horovod mpi: CPU workers"
+            allreduce = "Horovod mpi: CPU workers"
+            if shared:  # hybrid.runtime.comm.worker_collectives: Horovod's cycle is not worth its cost there
+                allreduce = ("MPI Allreduce of one host buffer on the workers' communicator: CPU workers whose "
+                             "ranks share cores (Horovod's coordination cycle would take a core's share from "
+                             "training)")
+            elif yielding:
+                allreduce = ("MPI Allreduce of one host buffer on the workers' communicator: MPICH ranks share "
+                             "cores (Horovod's cycle would pace every iteration)")
             assert summary["compute"] == {"device": "cpu", "allreduce": allreduce}
         assert "workers on " in format_breakdown(summary)
         # MPI started with pytest, before hybrid train could decide: the summary says so, and counts the host

@@ -234,16 +234,54 @@ def test_a_case_is_a_mode_with_optional_settings():
             case_overrides(bad)
 
 
+def _row(size, mode, runs, batch=128, label="", **fields):
+    return {"size": size, "mode": mode, "case": mode + label, "batch_per_worker": batch, "samples_per_s_runs": runs,
+            **fields}
+
+
 def test_train_bench_ratios_are_medians_of_paired_runs():
     from hybrid.bench.train_bench import ratios
 
-    rows = [{"size": "smoke", "mode": "vanilla", "samples_per_s_runs": [10.0, 20.0, 30.0]},
-            {"size": "smoke", "mode": "herald", "samples_per_s_runs": [12.0, 20.0, 60.0]},
-            {"size": "full", "mode": "vanilla", "samples_per_s_runs": [5.0, 20.0, 30.0]},
-            {"size": "full", "mode": "herald", "samples_per_s_runs": [6.0, 10.0, 30.0]}]
+    rows = [_row("smoke", "vanilla", [10.0, 20.0, 30.0]), _row("smoke", "herald", [12.0, 20.0, 60.0]),
+            _row("full", "vanilla", [5.0, 20.0, 30.0]), _row("full", "herald", [6.0, 10.0, 30.0])]
     assert ratios(rows, ("smoke", "full"), ("vanilla", "herald")) == {
         "full/smoke vanilla": 1.0, "full/smoke herald": 0.5,
         "herald/vanilla smoke": 1.2, "herald/vanilla full": 1.0}
+
+
+def test_train_bench_pairs_each_case_with_its_twin_in_the_other_checkout_per_batch_size():
+    from hybrid.bench.train_bench import ratios
+
+    rows = [_row("smoke", "plain", [10.0, 10.0], 64), _row("smoke", "herald", [5.0, 6.0], 64),
+            _row("smoke", "plain", [10.0, 10.0], 64, "@beside"), _row("smoke", "herald", [4.0, 4.0], 64, "@beside"),
+            _row("smoke", "plain", [20.0, 20.0], 128), _row("smoke", "herald", [10.0, 10.0], 128),
+            _row("smoke", "plain", [20.0, 20.0], 128, "@beside"),
+            _row("smoke", "herald", [10.0, 5.0], 128, "@beside")]
+    assert ratios(rows, ("smoke",), ("plain", "herald")) == {
+        "herald/plain smoke b64": 0.55, "herald@beside/plain@beside smoke b64": 0.4,
+        "plain/plain@beside smoke b64": 1.0, "herald/herald@beside smoke b64": 1.375,
+        "herald/plain smoke b128": 0.5, "herald@beside/plain@beside smoke b128": 0.375,
+        "plain/plain@beside smoke b128": 1.0, "herald/herald@beside smoke b128": 1.5}
+
+
+def test_train_bench_fits_each_stage_as_a_fixed_cost_plus_a_cost_per_sample_or_row():
+    """Over batch sizes: ms = fixed + per-unit x, x = rows moved per iteration for pull and push, samples for
+    the rest; exact for points on a line."""
+    from hybrid.bench.train_bench import STAGES, fits
+
+    def case(batch, rows_per_iteration):
+        ms = {stage: 0.0 for stage in STAGES}
+        ms.update(compute=0.5 + 0.02 * batch, pull=0.1 + 0.003 * rows_per_iteration, barrier=0.05)
+        return _row("smoke", "herald", [1.0], batch, iteration_ms=ms, rows_per_iteration=rows_per_iteration,
+                    outside_compute_ms=round(sum(v for k, v in ms.items() if k != "compute"), 6))
+
+    fitted = fits([case(64, 20.0), case(128, 40.0), case(256, 80.0), _row("smoke", "plain", [1.0])])
+    assert list(fitted) == ["herald smoke"]  # one batch size alone: nothing to fit
+    stages = fitted["herald smoke"]
+    assert stages["compute"] == {"fixed_ms": 0.5, "per_unit_us": 20.0, "unit": "sample"}
+    assert stages["pull"] == {"fixed_ms": 0.1, "per_unit_us": 3.0, "unit": "row"}
+    assert stages["barrier"] == {"fixed_ms": 0.05, "per_unit_us": 0.0, "unit": "sample"}
+    assert stages["outside_compute"]["fixed_ms"] == 0.15
 
 
 @pytest.fixture

@@ -9,6 +9,17 @@ from hybrid.runtime.accelerator import (AcceleratorError, HostStagedOptimizer, S
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
 
 
+def test_one_worker_sums_nothing_unless_a_sum_is_asked_for():
+    """A run of one worker has nobody to sum with: no collective per iteration, except where one is asked
+    for (launch/gpu_check.sh runs train.allreduce=horovod on one GPU worker on purpose)."""
+    for identities in ([None], ["h1/GPU-a"]):
+        alone = choose_allreduce("auto", identities, nccl_built=True, cpu_backend="mpi")
+        assert not alone.summed and alone.describe() == "not summed: one worker"
+    assert choose_allreduce("horovod", ["h1/GPU-a"], nccl_built=True, cpu_backend="mpi").summed
+    assert choose_allreduce("mpi", [None], nccl_built=False, cpu_backend="mpi").by_mpi
+    assert choose_allreduce("host", [None], nccl_built=False, cpu_backend="mpi").host_staged
+
+
 def test_cpu_workers_use_horovod_on_the_host_unless_host_staging_is_asked_for():
     choice = choose_allreduce("auto", [None, None], nccl_built=False, cpu_backend="mpi")
     assert not choice.host_staged and choice.describe() == "Horovod mpi: CPU workers"
@@ -83,8 +94,9 @@ class _TwoIdenticalWorkers:
         return tensor
 
 
+@pytest.mark.parametrize("synchronized", [True, False])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
-def test_the_host_staged_step_applies_the_summed_gradients_in_one_buffer(device):
+def test_the_host_staged_step_applies_the_summed_gradients_in_one_buffer(device, synchronized):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).double().to(device)
     twin = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)).double().to(device)
@@ -98,6 +110,8 @@ def test_the_host_staged_step_applies_the_summed_gradients_in_one_buffer(device)
         net(x).sum().backward()
     for p in twin.parameters():
         p.grad.mul_(2)
+    if synchronized:
+        staged.synchronize()  # the loop's allreduce stage; then its step, which must not sum again
     staged.step()
     plain.step()
     assert hvd.calls == [((sum(p.numel() for p in model.parameters()),), "sum", "host_staged_gradients")]
@@ -114,3 +128,22 @@ def test_staging_carries_arrays_to_the_device_and_gradients_back_unchanged(devic
     (on_device * torch.arange(3.0, dtype=torch.float64, device=device)[:, None]).sum().backward()
     assert np.array_equal(staging.to_host(on_device.grad), np.repeat(np.arange(3.0)[:, None], 4, axis=1))
     assert staging.to_device(np.arange(4), torch.float32).dtype == torch.float32
+
+
+def test_the_host_staged_gradients_are_views_of_one_buffer_that_backward_fills_in_place():
+    """No per-parameter copies per iteration: backward writes into the flat buffer the sum runs on (CPU)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1)).double()
+    hvd = _TwoIdenticalWorkers()
+    staged = HostStagedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), hvd, list(model.parameters()))
+    for _ in range(2):
+        staged.zero_grad()
+        model(torch.randn(5, 3, dtype=torch.float64)).sum().backward()
+        assert all(p.grad is view for p, view in zip(model.parameters(), staged.views))
+        expected = torch.cat([p.grad.reshape(-1) for p in model.parameters()]) * 2
+        staged.synchronize()
+        assert staged.host is staged.flat and torch.equal(staged.flat, expected)
+        staged.step()
+    model[0].weight.grad = torch.ones_like(model[0].weight)  # a gradient set elsewhere is taken in
+    staged.zero_grad()
+    assert model[0].weight.grad is staged.views[0] and not staged.flat.any()
