@@ -167,7 +167,8 @@ def run_case(config_path: str, case: Case, iterations: int, overrides: list[str]
 
 
 def _run_plain(config_path: str, case: Case, iterations: int, settings: list[str], config: Config) -> dict:
-    """The floor: ``hybrid bench plain`` in a process of its own (one thread), as a summary of one stage."""
+    """The floor: ``hybrid bench plain`` in a process of its own (one thread), as a summary of one stage. It
+    trains the case's global batch (``cluster.workers`` x ``train.batch_per_worker``) in one process."""
     command = [sys.executable, "-m", "hybrid", "bench", "plain", config_path, *settings, "--threads", "1",
                "--iterations", str(iterations), "--json"]
     result = subprocess.run(command, capture_output=True, text=True, cwd=case.tree)
@@ -179,7 +180,7 @@ def _run_plain(config_path: str, case: Case, iterations: int, settings: list[str
 
     table_rows = int(BatchStore(config.data.path, split="train").cardinalities.sum())
     return {"throughput": floor["samples_per_s"], "iteration_ms": {"compute": floor["ms_per_iteration"]},
-            "table_rows": table_rows, "batch_per_worker": config.global_batch}
+            "table_rows": table_rows, "batch_per_worker": config.train.batch_per_worker}
 
 
 def run(*, config_path: str, sizes=("smoke", "full"), modes=("vanilla", "herald"), iterations: int = 200,
@@ -223,7 +224,9 @@ def ratios(rows: list[dict], sizes, modes) -> dict:
     batches = sorted({key[2] for key in runs})
     labels = sorted({key[3] for key in runs})
 
-    def paired(a, b) -> float:
+    def paired(a, b) -> Optional[float]:
+        if a not in runs or b not in runs:
+            return None
         return round(statistics.median(x / y for x, y in zip(runs[a], runs[b])), 3)
 
     def suffix(batch, label="") -> str:
@@ -245,7 +248,7 @@ def ratios(rows: list[dict], sizes, modes) -> dict:
                 for mode in modes:
                     out[f"{mode}/{mode}{label} {size}{suffix(batch)}"] = \
                         paired((size, mode, batch, ""), (size, mode, batch, label))
-    return out
+    return {name: ratio for name, ratio in out.items() if ratio is not None}
 
 
 def fits(rows: list[dict]) -> dict:

@@ -209,16 +209,22 @@ train: {{batch_per_worker: 16}}
 cache: {{ratio: 0.05}}
 """)
     herald = "herald+train.deterministic=true"
-    result = train_bench.run(config_path=str(config), sizes=("smoke",), modes=("vanilla", herald),
-                             iterations=6, repeats=1, progress=lambda line: None)
+    result = train_bench.run(config_path=str(config), sizes=("smoke",), modes=("vanilla", herald, "plain"),
+                             iterations=8, repeats=1, progress=lambda line: None)
     cases = {case["mode"]: case for case in result["cases"]}
-    assert set(cases) == {"vanilla", herald} and result["ranks"] == 3
-    for case in cases.values():
+    assert set(cases) == {"vanilla", herald, "plain"} and result["ranks"] == 3
+    for case in (cases["vanilla"], cases[herald]):
         assert case["samples_per_s"] > 0 and case["rows_moved"] > 0 and case["table_rows"] == 34169
         assert case["ps_shard_mb"] > 0 and case["worker_peak_rss_mb"] > 0
+        assert case["outside_compute_ms"] == pytest.approx(sum(v for k, v in case["iteration_ms"].items()
+                                                               if k != "compute"), abs=0.01)
     assert cases[herald]["rows_moved"] < cases["vanilla"]["rows_moved"]  # the herald schedule ran
+    floor = cases["plain"]  # the one-process floor: the same global batches, all compute
+    assert floor["samples_per_s"] > 0 and floor["outside_compute_ms"] == 0 and floor["iteration_ms"]["compute"] > 0
+    assert floor["batch_per_worker"] == cases["vanilla"]["batch_per_worker"] == 16
     expected = cases[herald]["samples_per_s"] / cases["vanilla"]["samples_per_s"]
-    assert result["ratios"] == {f"{herald}/vanilla smoke": round(expected, 3)}
+    assert result["ratios"][f"{herald}/vanilla smoke"] == round(expected, 3)
+    assert set(result["ratios"]) == {f"{herald}/vanilla smoke", "plain/vanilla smoke"}
     assert f"{herald}/vanilla smoke" in train_bench.format_table(result)
 
 
