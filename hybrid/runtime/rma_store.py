@@ -206,23 +206,12 @@ class EmbeddingStore:
             return []
         if self.channel is not None and len(rows) * (8 + self.row_bytes) > _MAX_MESSAGE_BYTES:
             raise ValueError(f"{len(rows)} rows of {self.row_bytes} bytes exceed one MPI message; split them")
-        try:
-            position, local, col_lo, bounds = self.plan.routes(rows, only)
-        except ValueError as err:
-            raise ValueError(str(err)) from None
-        if len(position) == 0:
-            return []
-        keys = np.flatnonzero(bounds[1:] != bounds[:-1]).tolist() if len(bounds) > 2 else [0]
-        per_shard = self.plan._route_dim + 1
+        position, local, col_lo, bounds = self.plan.routes(rows, only)  # a ShardPlanError (ValueError) if outside
         batches = []
-        for key in keys:
-            s, width = divmod(key, per_shard)
-            lo, hi = int(bounds[key]), int(bounds[key + 1])
-            if len(keys) == 1 and lo == 0 and hi == len(position):
-                mine = slice(None)
-            else:
-                mine = slice(lo, hi)
-            columns = None if not self.plan.columns or width == self.dim else col_lo[mine, None] + np.arange(width)
+        for key in np.flatnonzero(bounds[1:] != bounds[:-1]).tolist():
+            s, width = self.plan.route_key(key)
+            mine = slice(int(bounds[key]), int(bounds[key + 1]))
+            columns = None if width in (0, self.dim) else col_lo[mine, None] + np.arange(width)
             batches.append((self.ps_ranks[s], position[mine], local[mine], columns))
         return batches
 

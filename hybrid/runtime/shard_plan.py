@@ -264,6 +264,10 @@ class ShardPlan:
         except ValueError as err:
             raise ShardPlanError(str(err)) from None
 
+    def route_key(self, key: int) -> tuple[int, int]:
+        """(shard, piece width) of a key of :meth:`routes`; the width is 0 for a plan of whole rows."""
+        return divmod(key, self._route_dim + 1)
+
     def runs(self, shard: int) -> list[tuple[int, int, int, int, int, int]]:
         """``(local_start, global_start, count, stride, col_lo, width)`` per segment of ``shard``, in
         the order of the values they use; ``local_start`` counts rows of the segment's width, 0 is whole rows."""

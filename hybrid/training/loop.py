@@ -95,7 +95,8 @@ class Stages:
 
     Entered about ten times per iteration, so it costs what a clock read
     costs: opening a ``record_function`` range is 20-30 us of the
-    dispatcher's, and only pays while a profiler records.
+    dispatcher's, and only pays while a profiler records. One stage at a
+    time: ``with stages("pull"): ...`` (stages do not nest).
     """
 
     def __init__(self):

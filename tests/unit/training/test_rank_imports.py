@@ -33,7 +33,10 @@ def test_ps_ranks_never_load_torch_and_workers_never_load_torch_dynamo(tmp_path)
     command = mpi_jobs.launcher(3) + [
         sys.executable, "-c", REPORTING, mpi_jobs.FAMILY.rank_variable, str(tmp_path), "train", "configs/w1-smoke.yaml",
         f"data.path={tmp_path / 'store'}", "cluster.workers=2", "cluster.ps=1", "train.iterations=5",
-        "train.checkpoint_every=5", f"train.checkpoint_dir={tmp_path / 'checkpoints'}", "--no-progress"]
+        "train.checkpoint_every=5", f"train.checkpoint_dir={tmp_path / 'checkpoints'}",
+        # Horovod asked for: auto does not load it for CPU workers that share cores (hybrid.runtime.comm), and
+        # its torch module is what must not bring dynamo in
+        "train.allreduce=horovod", "--no-progress"]
     result = subprocess.run(command, cwd=mpi_jobs.ROOT, capture_output=True, text=True, timeout=300,
                             env=dict(os.environ))
     assert result.returncode == 0, result.stdout + result.stderr
