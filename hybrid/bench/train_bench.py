@@ -61,6 +61,7 @@ class Case:
     tree: Path = ROOT  # the checkout it runs from
     label: str = ""  # "" here, "@beside" for the other checkout
     summaries: list = field(default_factory=list)
+    error: Optional[str] = None  # why a run of it failed; it is then left out of the later repeats and the table
 
     @property
     def name(self) -> str:
@@ -201,14 +202,31 @@ def run(*, config_path: str, sizes=("smoke", "full"), modes=("vanilla", "herald"
     for repeat in range(repeats):
         order = cases if repeat % 2 == 0 else cases[::-1]  # alternate, so drift hits every case alike
         for case in order:
-            summary = run_case(config_path, case, iterations, list(overrides))
+            if case.error is not None:
+                continue
+            try:
+                summary = run_case(config_path, case, iterations, list(overrides))
+            except RuntimeError as err:  # the other cases go on: one bad setting loses no other measurement
+                case.error = failure_line(str(err))
+                progress(f"repeat {repeat + 1}/{repeats} {case.size:<6} b{case.batch or '':<5} {case.name:<24} "
+                         f"failed: {case.error}")
+                continue
             case.summaries.append(summary)
             progress(f"repeat {repeat + 1}/{repeats} {case.size:<6} b{summary['batch_per_worker']:<5} {case.name:<24} "
                      f"{summary['throughput']:>9.0f} samples/s")
-    rows = [case.to_dict() for case in cases]
+    rows = [case.to_dict() for case in cases if case.error is None]
+    failed = [{"size": case.size, "case": case.name, "batch_per_worker": case.batch, "error": case.error}
+              for case in cases if case.error is not None]
     return {"config": config.name, "iterations": iterations, "repeats": repeats,
             "ranks": config.cluster.workers + config.cluster.ps, "beside": str(beside) if beside else None,
-            "cases": rows, "ratios": ratios(rows, sizes, modes), "fits": fits(rows)}
+            "cases": rows, "failed": failed, "ratios": ratios(rows, sizes, modes), "fits": fits(rows)}
+
+
+def failure_line(message: str) -> str:
+    """The line of a failed run's output that says why (its error line, else its last line)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    said = [line for line in lines if "error" in line.lower() and not line.startswith(("training failed", "bench"))]
+    return (said or lines or ["no output"])[-1 if not said else 0]
 
 
 def ratios(rows: list[dict], sizes, modes) -> dict:
@@ -282,7 +300,7 @@ def fits(rows: list[dict]) -> dict:
 
 
 def format_table(result: dict) -> str:
-    width = max(9, *(len(r["case"]) + 1 for r in result["cases"]))
+    width = max([9, *(len(r["case"]) + 1 for r in [*result["cases"], *result.get("failed", [])])])
     head = (f"{'size':<6}{'case':<{width}}{'batch':>6}{'rows':>10}{'samples/s':>10}{'moved':>9}"
             + "".join(f"{s[:8]:>9}" for s in STAGES) + f"{'outside':>9}{'PS up s':>8}{'PS/shard':>9}{'wk MB':>7}")
     lines = [f"{result['config']}: {result['iterations']} iterations, median of {result['repeats']}; "
@@ -294,6 +312,9 @@ def format_table(result: dict) -> str:
                      + "".join(f"{r['iteration_ms'][s]:>9.2f}" for s in STAGES) + f"{r['outside_compute_ms']:>9.2f}"
                      + ("" if floor else f"{r['ps_startup_s']:>8.1f}{r['ps_peak_over_shard']:>9.2f}"
                                          f"{r['worker_peak_rss_mb']:>7.0f}"))
+    for failed in result.get("failed", []):
+        lines.append(f"{failed['size']:<6}{failed['case']:<{width}}{failed['batch_per_worker'] or '':>6}  failed: "
+                     f"{failed['error']}")
     lines.append("ratios (median of per-repeat ratios): "
                  + ", ".join(f"{k} {v:.2f}" for k, v in result["ratios"].items()))
     for case, stages in result.get("fits", {}).items():

@@ -189,7 +189,7 @@ def cmd_bench_train(args) -> int:
     print(train_bench.format_table(result), file=text_out(args))
     if args.json:
         print(json.dumps(result))
-    return 0
+    return EXIT_FAILURE if result["failed"] else 0
 
 
 def cmd_bench_launch(args) -> int:

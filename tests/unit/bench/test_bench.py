@@ -209,8 +209,12 @@ train: {{batch_per_worker: 16}}
 cache: {{ratio: 0.05}}
 """)
     herald = "herald+train.deterministic=true"
-    result = train_bench.run(config_path=str(config), sizes=("smoke",), modes=("vanilla", herald, "plain"),
+    refused = "vanilla+cache.ratio=0.0001"  # a cache smaller than one iteration: refused at start-up
+    result = train_bench.run(config_path=str(config), sizes=("smoke",), modes=("vanilla", herald, "plain", refused),
                              iterations=8, repeats=1, progress=lambda line: None)
+    assert [(f["case"], f["error"].split(":")[0]) for f in result["failed"]] == \
+        [(refused, "hybrid train")]  # said, and the other cases measured all the same
+    assert "cache.ratio" in result["failed"][0]["error"] and "failed: hybrid train" in train_bench.format_table(result)
     cases = {case["mode"]: case for case in result["cases"]}
     assert set(cases) == {"vanilla", herald, "plain"} and result["ranks"] == 3
     for case in (cases["vanilla"], cases[herald]):
@@ -226,6 +230,17 @@ cache: {{ratio: 0.05}}
     assert result["ratios"][f"{herald}/vanilla smoke"] == round(expected, 3)
     assert set(result["ratios"]) == {f"{herald}/vanilla smoke", "plain/vanilla smoke"}
     assert f"{herald}/vanilla smoke" in train_bench.format_table(result)
+
+
+def test_a_failed_runs_reason_is_its_error_line():
+    from hybrid.bench.train_bench import failure_line
+
+    output = ("training failed with exit 1, summary missing (bash launch/mpirun.sh ...):\n+ mpirun ...\n"
+              "hybrid train: error on ranks 0-1 of 2 (vm): SchedulerError: cache.ratio=0.1 gives 3417 slots\n"
+              "Primary job terminated normally, but 1 process returned")
+    assert failure_line(output) == "hybrid train: error on ranks 0-1 of 2 (vm): SchedulerError: cache.ratio=0.1 " \
+                                   "gives 3417 slots"
+    assert failure_line("training failed with exit 1:\nSegmentation fault") == "Segmentation fault"
 
 
 def test_a_case_is_a_mode_with_optional_settings():
