@@ -238,7 +238,10 @@ def idle_poll_seconds(library: str, environ=os.environ, core_each: bool = False)
     """How long a rank waiting in ``comm.idle_barrier`` sleeps between calls into MPI (docs/cluster.md).
 
     Open MPI completes one-sided operations at the origin (shared memory,
-    RDMA), so a PS rank need not call into MPI while it waits: 1 ms. MPICH
+    RDMA), so a PS rank need not call into MPI while it waits: 1 ms. (Not
+    entirely: with 1 worker + 1 PS on 2 cores a PS that never slept made the
+    pulls faster, 0.34-0.40 ms per iteration against 0.64-0.82 at 50-1000 us
+    polls, but the pushes slower, 1.09-1.61 ms against 0.35-0.72: 1 ms stays.) MPICH
     without asynchronous progress completes them only when the PS calls
     into MPI, so each pull waits for the PS's next poll: 100 us (measured
     with 1 worker + 1 PS: a pull of 512 rows took 1.25 ms at 1 ms polls and
