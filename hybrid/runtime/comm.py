@@ -50,6 +50,10 @@ class Roles:
     node_cores: int = 1  # cores those ranks may run on, together
     stops: MPI.Comm = field(default_factory=lambda: MPI.COMM_NULL)  # world's duplicate: PS stop requests to worker 0
     user_threads: int = 0  # train.threads (0: the default)
+    # some worker's host has more ranks and threads than cores: every worker then waits in its collectives
+    # by sleeping between tests of a non-blocking one (all alike: a blocking and a non-blocking call of one
+    # collective never match)
+    patient_workers: bool = False
 
     @property
     def share(self) -> HostShare:
@@ -81,13 +85,14 @@ class Roles:
 
         One tiny allreduce costs what a barrier costs, so every iteration can
         end with it. It is MPI's (spinning) when each rank has a core, and
-        sleeps between tests when ranks share cores. One worker has nobody to wait for.
+        sleeps between tests when some worker's ranks share cores
+        (``patient_workers``, alike on every worker). One worker has nobody to wait for.
         """
         if self.n_workers == 1:
             return value
         mine = np.array([value], dtype=np.int32)
         largest = np.zeros(1, dtype=np.int32)
-        if self.oversubscribed:
+        if self.patient_workers:
             request = self.workers.Iallreduce(mine, largest, op=MPI.MAX)
             while not request.Test():
                 time.sleep(PATIENT_POLL_SECONDS)
@@ -148,9 +153,15 @@ def split_roles(n_workers: int, n_ps: int, world: MPI.Comm = MPI.COMM_WORLD, use
     workers = world.Split(0 if is_worker else MPI.UNDEFINED, world.rank)
     machine = _machine_id()
     everyone = world.allgather((machine, os.sched_getaffinity(0)))
-    mine = [cores for other, cores in everyone if other == machine]
-    return Roles(world=world, n_workers=n_workers, n_ps=n_ps, workers=workers, node_ranks=len(mine),
-                 node_cores=len(set().union(*mine)), stops=world.Dup(), user_threads=user_threads)
+
+    def share(host: str) -> HostShare:
+        cores = [c for other, c in everyone if other == host]
+        return HostShare(len(cores), len(set().union(*cores)), user_threads)
+
+    mine = share(machine)
+    patient = any(not share(everyone[w][0]).fits for w in range(n_workers))  # alike on every rank
+    return Roles(world=world, n_workers=n_workers, n_ps=n_ps, workers=workers, node_ranks=mine.ranks,
+                 node_cores=mine.cores, stops=world.Dup(), user_threads=user_threads, patient_workers=patient)
 
 
 def _machine_id() -> str:
@@ -239,7 +250,7 @@ def worker_collectives(roles: Roles, allreduce: str, gpu: bool = False):
     their host's cores, where Horovod's background thread, coordinating every
     cycle, took 15-17% of a core per worker of 3 workers + 1 PS on 2 cores
     and MPI's sum, waiting without spinning, trains faster (docs/cluster.md,
-    "How ranks wait"). Otherwise the workers load it where every one of them
+    "MPI families"). Otherwise the workers load it where every one of them
     has it installed; where one has not, ``auto`` gives every worker MPI's
     collectives and ``horovod``/``host`` are refused, naming the workers. The
     workers decide together: a sum that some run through Horovod and others
@@ -249,7 +260,7 @@ def worker_collectives(roles: Roles, allreduce: str, gpu: bool = False):
     if roles.is_ps:
         return None
     if allreduce == "mpi":
-        return MpiCollectives(roles.workers, "asked for (train.allreduce=mpi)", patient=roles.oversubscribed)
+        return MpiCollectives(roles.workers, "asked for (train.allreduce=mpi)", patient=roles.patient_workers)
     facts = roles.workers.allgather((importlib.util.find_spec("horovod") is not None, gpu, roles.oversubscribed))
     installed, gpus, shared = (list(column) for column in zip(*facts))
     missing = ", ".join(str(w) for w, found in enumerate(installed) if not found)
@@ -257,10 +268,10 @@ def worker_collectives(roles: Roles, allreduce: str, gpu: bool = False):
         raise RoleError(f"train.allreduce={allreduce} needs Horovod, which worker(s) {missing} cannot import "
                         f"(launch/setup.sh builds it); train.allreduce=auto or mpi sums with MPI instead")
     if allreduce == "auto" and roles.n_workers == 1:
-        return MpiCollectives(roles.workers, "one worker", patient=roles.oversubscribed)
+        return MpiCollectives(roles.workers, "one worker", patient=roles.patient_workers)
     if missing:
         return MpiCollectives(roles.workers, f"Horovod is not installed (worker(s) {missing})",
-                              patient=roles.oversubscribed)
+                              patient=roles.patient_workers)
     if allreduce == "auto" and not any(gpus) and all(shared):
         return MpiCollectives(roles.workers, "CPU workers whose ranks share cores (Horovod's coordination cycle "
                                              "would take a core's share from training)", patient=True)
@@ -291,7 +302,8 @@ class MpiCollectives:
     run uses it; the training summary prints it. ``patient``: the ranks share
     cores, so a worker waiting for the others' sum sleeps between tests of a
     non-blocking one instead of spinning on a core they need (as
-    :meth:`Roles.worker_barrier_max`).
+    :meth:`Roles.worker_barrier_max`); it must be alike on every worker
+    (``Roles.patient_workers``).
     """
 
     Sum = "sum"

@@ -297,7 +297,7 @@ class HybridTrainer:
             return accelerator.DenseOptimizer(local)
         if self.allreduce.by_mpi:
             collectives = self.hvd if isinstance(self.hvd, MpiCollectives) else \
-                MpiCollectives(self.roles.workers, self.allreduce.reason, patient=self.roles.oversubscribed)
+                MpiCollectives(self.roles.workers, self.allreduce.reason, patient=self.roles.patient_workers)
             return accelerator.HostStagedOptimizer(local, collectives, list(self.model.parameters()))
         if self.allreduce.host_staged:
             return accelerator.HostStagedOptimizer(local, self.hvd, list(self.model.parameters()))

@@ -63,3 +63,19 @@ def test_a_mismatch_stops_every_rank_with_one_message():
     message = str(info.value)
     assert "ranks disagree on config" in message and "ranks [0]: xyz" in message
     assert len(set(world.allgather(message))) == 1  # the same message everywhere, nobody hangs
+
+
+@pytest.mark.shape
+@pytest.mark.mpi(min_size=2)
+def test_every_rank_agrees_how_the_workers_wait_in_their_collectives():
+    """A blocking and a non-blocking call of one collective never match: whether workers sleep between tests
+    of a non-blocking one must be one answer for all of them (any worker's host short of cores)."""
+    world = MPI.COMM_WORLD
+    roles = split_roles(world.size - 1, 1)
+    answers = world.allgather(roles.patient_workers)
+    assert len(set(answers)) == 1
+    assert answers[0] == any(world.allgather(roles.oversubscribed)[:world.size - 1])
+    if not roles.is_ps:
+        assert roles.worker_barrier_max(roles.worker) == world.size - 2
+    roles.free()
+    world.Barrier()
