@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from hybrid.runtime.launch_facts import HostShare, check_horovod_settings, idle_poll_seconds
+from hybrid.runtime.launch_facts import (HostShare, check_horovod_settings, host_shares, idle_poll_seconds,
+                                         workers_share_cores)
 
 
 # a worker waiting in a collective while ranks share cores sleeps this long between tests of it
@@ -153,15 +154,10 @@ def split_roles(n_workers: int, n_ps: int, world: MPI.Comm = MPI.COMM_WORLD, use
     workers = world.Split(0 if is_worker else MPI.UNDEFINED, world.rank)
     machine = _machine_id()
     everyone = world.allgather((machine, os.sched_getaffinity(0)))
-
-    def share(host: str) -> HostShare:
-        cores = [c for other, c in everyone if other == host]
-        return HostShare(len(cores), len(set().union(*cores)), user_threads)
-
-    mine = share(machine)
-    patient = any(not share(everyone[w][0]).fits for w in range(n_workers))  # alike on every rank
-    return Roles(world=world, n_workers=n_workers, n_ps=n_ps, workers=workers, node_ranks=mine.ranks,
-                 node_cores=mine.cores, stops=world.Dup(), user_threads=user_threads, patient_workers=patient)
+    ranks, cores = host_shares(everyone)[world.rank]
+    return Roles(world=world, n_workers=n_workers, n_ps=n_ps, workers=workers, node_ranks=ranks, node_cores=cores,
+                 stops=world.Dup(), user_threads=user_threads,
+                 patient_workers=workers_share_cores(everyone, n_workers, user_threads))
 
 
 def _machine_id() -> str:

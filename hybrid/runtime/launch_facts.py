@@ -78,6 +78,22 @@ class HostShare:
                 f"{'<=' if self.fits else '>'} {self.cores} cores")
 
 
+def host_shares(hosts: list) -> list[tuple[int, int]]:
+    """Per rank, (ranks, cores) of its machine, from every rank's ``(machine id, cores it may run on)``."""
+    counts: dict = {}
+    for machine, cores in hosts:
+        ranks, union = counts.get(machine, (0, set()))
+        counts[machine] = (ranks + 1, union | set(cores))
+    return [(counts[machine][0], len(counts[machine][1])) for machine, _ in hosts]
+
+
+def workers_share_cores(hosts: list, n_workers: int, user_threads: int = 0) -> bool:
+    """Whether any worker (ranks ``0 .. n_workers - 1`` of ``hosts``, as :func:`host_shares` takes them) is on
+    a machine whose ranks and threads outnumber its cores: one answer for every rank, so that all workers
+    wait in one collective alike (``hybrid.runtime.comm.Roles.patient_workers``)."""
+    return any(not HostShare(ranks, cores, user_threads).fits for ranks, cores in host_shares(hosts)[:n_workers])
+
+
 @dataclass(frozen=True)
 class LaunchFacts:
     """What the summary reports about the launch (``summary["launch"]``)."""

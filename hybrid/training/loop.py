@@ -236,11 +236,11 @@ class HybridTrainer:
     @staticmethod
     def _computes_on_gpu(config: Config, roles: Roles) -> bool:
         """Whether this worker will compute on a GPU (asked before Horovod loads; False on PS ranks)."""
-        if roles.is_ps or config.train.device == "cpu":
+        if roles.is_ps:
             return False
-        import torch
+        from hybrid.runtime import accelerator
 
-        return torch.cuda.is_available()
+        return accelerator.pick_device(config.train.device, 0).type == "cuda"
 
     def _agree_on_scored_tables(self) -> Optional[int]:
         """Adaptive LAIA with ``scheduler.budget_ms``: how many tables every worker scores.

@@ -5,8 +5,8 @@ import sys
 import pytest
 from hypothesis import given, strategies as st
 
-from hybrid.runtime.launch_facts import (POLL_VARIABLE, YIELD_VARIABLE, HostShare, decide, idle_poll_seconds,
-                                        launcher, prepare, ranks_on_host)
+from hybrid.runtime.launch_facts import (POLL_VARIABLE, YIELD_VARIABLE, HostShare, decide, host_shares,
+                                        idle_poll_seconds, launcher, prepare, ranks_on_host, workers_share_cores)
 
 NO_FILES = ()  # no MCA parameter files: only the environment speaks for the user
 
@@ -102,3 +102,16 @@ def test_a_waiting_ps_rank_polls_often_only_where_its_mpi_needs_it_and_the_users
     for bad in ("-5", "fast", "2e6"):
         with pytest.raises(ValueError, match=f"{POLL_VARIABLE}='{bad}': give microseconds between 0 and 1e6"):
             idle_poll_seconds("Open MPI v4.1.4", environ={POLL_VARIABLE: bad})
+
+
+def test_every_worker_waits_patiently_when_any_workers_host_is_short_of_cores():
+    """Two hosts: a 16-core one with workers 0-1, a 2-core one with worker 2 and the PS. Each rank's own host
+    differs, but the answer must be one for all (a blocking and a non-blocking call of one collective never
+    match); a host short of cores that holds only PS ranks does not make the workers wait patiently."""
+    big, small = ("host-a", range(16)), ("host-b", range(2))
+    hosts = [big, big, small, small]
+    assert host_shares(hosts) == [(2, 16), (2, 16), (2, 2), (2, 2)]
+    assert workers_share_cores(hosts, n_workers=3)
+    assert not workers_share_cores(hosts, n_workers=2)  # workers 0-1 on the big host; the small one is PS only
+    assert not workers_share_cores([big, big, big], n_workers=2)
+    assert workers_share_cores([big] * 4, n_workers=3, user_threads=8)  # 4 ranks x 9 threads > 16 cores
