@@ -52,6 +52,11 @@ OUTSIDE_COMPUTE = tuple(stage for stage in STAGES if stage != "compute")
 PLAIN = "plain"  # the floor's case name (hybrid.bench.plain_torch)
 
 
+def is_floor(case: str) -> bool:
+    """Whether a case (``plain[+KEY=VALUE...]``) is the one-process floor, not a mode."""
+    return case.split("+")[0] == PLAIN
+
+
 @dataclass
 class Case:
     size: str
@@ -77,15 +82,15 @@ class Case:
                "tree": str(self.tree), "store": str(self.store),
                "samples_per_s": self.median(lambda s: s["throughput"]),
                "samples_per_s_runs": [s["throughput"] for s in self.summaries],
-               "iteration_ms": ms,
+               "iteration_ms": ms, "table_rows": last["table_rows"],
                "outside_compute_ms": round(self.median(lambda s: sum(s["iteration_ms"].get(k, 0.0)
                                                                      for k in OUTSIDE_COMPUTE)), 3)}
-        if self.mode.split("+")[0] == PLAIN:
-            return {**row, "table_rows": last["table_rows"], "rows_moved": 0, "rows_per_iteration": 0.0}
+        if is_floor(self.mode):
+            return {**row, "rows_moved": 0, "rows_per_iteration": 0.0}
         ps = [r for r in last["ranks"] if r["role"] == "ps"]
         workers = [r for r in last["ranks"] if r["role"] == "worker"]
         return {
-            **row, "table_rows": last["table_rows"], "workers": last["workers"], "ps": last["ps"],
+            **row, "workers": last["workers"], "ps": last["ps"],
             # both after the warm-up, as hybrid simulate and hybrid compare count them
             "rows_moved": counted_rows(last), "hit_rate": last["hit_rate"],
             # rows each worker moved through the store per iteration (the per-row fit's x for pull and push)
@@ -137,8 +142,7 @@ def ensure_store(path: Path, synthetic: dict, say: Callable[[str], None]) -> Non
 
 def case_settings(case: Case) -> list[str]:
     """The overrides a case adds to the run's: its mode's (none for the floor) and its batch size."""
-    mode, *extra = case.mode.split("+")
-    settings = extra if mode == PLAIN else case_overrides(case.mode)
+    settings = case.mode.split("+")[1:] if is_floor(case.mode) else case_overrides(case.mode)
     return [*settings, *([f"train.batch_per_worker={case.batch}"] if case.batch else [])]
 
 
@@ -148,7 +152,7 @@ def run_case(config_path: str, case: Case, iterations: int, overrides: list[str]
     config_path = str(Path(config_path).resolve())  # the other checkout runs in its own directory
     settings = [*overrides, f"data.path={case.store.resolve()}", *case_settings(case)]
     config = load_config(config_path, settings)
-    if case.mode.split("+")[0] == PLAIN:
+    if is_floor(case.mode):
         return _run_plain(config_path, case, iterations, settings, config)
     ranks = config.cluster.workers + config.cluster.ps
     with tempfile.TemporaryDirectory(prefix="hybrid-bench-") as tmp:
@@ -189,7 +193,7 @@ def run(*, config_path: str, sizes=("smoke", "full"), modes=("vanilla", "herald"
         beside: Optional[Path] = None, progress=print) -> dict:
     config = load_config(config_path, list(overrides))
     for mode in modes:
-        if mode.split("+")[0] != PLAIN:
+        if not is_floor(mode):
             case_overrides(mode)  # a malformed case fails here, not after the first runs
     if beside is not None and not (Path(beside) / "hybrid" / "__init__.py").is_file():
         raise ConfigError(f"--beside {beside}: not a checkout of this project (no hybrid/__init__.py)")
