@@ -103,3 +103,24 @@ cdef class Router:
                         cl[f[key]] = self.col_lo[seg + j]
                         f[key] += 1
         return position, local, first_col, counts
+
+    def by_shard(self, const int64_t[::1] rows, int64_t only):
+        """A plan of whole rows: ``[(shard, positions, local rows)]`` for each shard holding some of ``rows``.
+
+        The one-sided store's fast path (``EmbeddingStore``): ``positions``
+        index ``rows`` (in row order within a shard, so ``arange(n)`` when one
+        shard holds them all) and the local rows come as a list of ints, the
+        form MPI's indexed datatypes are built from. One call instead of a
+        dozen Python steps per operation: an operation's Python runs cold
+        after each forward and backward (docs/benchmarks.md, issue 54).
+        """
+        if self.dim != 0:
+            raise ValueError("by_shard routes plans of whole rows; this plan has column slices")
+        position, local, _, counts = self.route(rows, only)
+        cdef const int64_t[::1] c = counts
+        cdef Py_ssize_t s
+        found = []
+        for s in range(self.n_shards):
+            if c[s + 1] > c[s]:
+                found.append((s, position[c[s]:c[s + 1]], local[c[s]:c[s + 1]].tolist()))
+        return found

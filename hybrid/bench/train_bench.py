@@ -45,11 +45,21 @@ from hybrid.config import Config, ConfigError, load_config
 from hybrid.training.summary_text import counted_rows
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barrier")
+# the training loop's stages (hybrid.training.loop.STAGES) and "other": the rest of an iteration's time
+STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barrier", "other")
 
 
 OUTSIDE_COMPUTE = tuple(stage for stage in STAGES if stage != "compute")
 PLAIN = "plain"  # the floor's case name (hybrid.bench.plain_torch)
+
+
+def other_ms(summary: dict) -> float:
+    """An iteration's time outside its stages, from a summary that does not report it (another checkout's):
+    the training time per iteration, ``samples / throughput / iterations``, less the stages' sum."""
+    if not summary.get("iterations") or not summary.get("throughput"):
+        return 0.0
+    per_iteration = 1000 * summary["samples"] / summary["throughput"] / summary["iterations"]
+    return round(max(0.0, per_iteration - sum(v for k, v in summary["iteration_ms"].items() if k != "other")), 3)
 
 
 def is_floor(case: str) -> bool:
@@ -77,6 +87,8 @@ class Case:
 
     def to_dict(self) -> dict:
         last = self.summaries[-1]
+        for summary in self.summaries:
+            summary["iteration_ms"].setdefault("other", other_ms(summary))
         ms = {k: round(self.median(lambda s: s["iteration_ms"].get(k, 0.0)), 3) for k in STAGES}
         row = {"size": self.size, "mode": self.mode, "case": self.name, "batch_per_worker": last["batch_per_worker"],
                "tree": str(self.tree), "store": str(self.store),

@@ -11,7 +11,8 @@ tables, row ranges, rows dealt round-robin).
 A batched operation issues one RMA call per PS rank, whatever the number of
 rows: the scattered target rows are described by one indexed datatype
 (blocks of one row at the rows' displacements), the origin side is a
-contiguous staging buffer. Operations return a :class:`Handle`; ``wait()``
+contiguous staging buffer (for whole rows on one PS rank, the caller's
+array itself). Operations return a :class:`Handle`; ``wait()``
 completes them (``Flush``) and, for reads, scatters the rows into place;
 ``complete(*handles)`` completes several with one ``Flush`` per PS rank.
 Workers hold a shared passive-target epoch (``Lock_all``) for the store's
@@ -165,6 +166,8 @@ class EmbeddingStore:
                 f"launch/mpirun.sh --tcp (UCX over TCP); see docs/design.md section 12") from err
         self.version_win = MPI.Win.Allocate(_padded(size * 8), disp_unit=8, comm=comm) if versions else None
         self.channel = comm.Dup() if self.transport == "packed" else None
+        # one-sided operations on whole rows, the common case: routed per shard by one kernel call (_whole_rows)
+        self._whole_rma = self.channel is None and not self.plan.columns
         self.service = None
         self.shard = None  # a PS rank's rows, in the window's memory
         self.versions = None  # a PS rank's row versions (HET), in the second window's memory
@@ -275,6 +278,8 @@ class EmbeddingStore:
                              f"got {out.shape} {out.dtype} and {len(at)} positions")
         self.rows_moved["pull"] += len(rows)
         handle = Handle(self)
+        if self._whole_rma:
+            return self._get_whole(rows, out, at, only, handle)
         for target, parts in self._by_target(rows, only):
             flat, staged = self._staging(parts)
             if self.channel is not None:  # one message per width
@@ -291,6 +296,62 @@ class EmbeddingStore:
             for (positions, _, columns), staging in zip(parts, staged):
                 handle.scatter.append((out, positions if at is None else at[positions], staging, columns))
         return handle
+
+    def _get_whole(self, rows, out, at, only, handle: Handle) -> Handle:
+        """:meth:`pull` of whole rows with one-sided operations: one ``Get`` per PS rank.
+
+        Rows all on one PS rank and no ``at`` land in ``out`` itself (the
+        kernel keeps their order); otherwise in a staging buffer, scattered
+        once flushed. Each call of an operation is a few Python steps: after
+        every forward and backward they run about three times slower than
+        in a loop of their own (docs/benchmarks.md, issue 54).
+        """
+        if not len(rows):
+            handle.done = True
+            return handle
+        for shard, positions, local in self.plan.by_shard(rows, only):
+            target = self.ps_ranks[shard]
+            direct = at is None and len(local) == len(rows) and out.flags.c_contiguous
+            staging = out if direct else np.empty((len(local), self.dim), dtype=self.dtype)
+            ttype = self.row_type.Create_indexed_block(1, local).Commit()
+            self.win.Get([staging, staging.size, self.basic], target, target=(0, 1, ttype))
+            ttype.Free()
+            handle.targets.append(target)
+            if not direct:
+                handle.scatter.append((out, positions if at is None else at[positions], staging, None))
+        return handle
+
+    def _write_whole(self, rows, values, accumulate: bool, only, op, handle: Handle) -> Handle:
+        """:meth:`_write` of whole rows with one-sided operations: one ``Put`` or ``Accumulate`` per PS rank.
+
+        Rows all on one PS rank are sent from ``values`` itself when it is
+        contiguous (MPI reads it until the flush, so it must not change
+        before the handle completes; every caller passes a fresh array).
+        """
+        if not len(rows):
+            handle.done = True
+            return handle
+        for shard, positions, local in self.plan.by_shard(rows, only):
+            target = self.ps_ranks[shard]
+            if len(local) == len(rows) and values.flags.c_contiguous:
+                staging = values
+            else:
+                staging = np.take(values, positions, axis=0)
+            self._issue_write(handle, target, staging, self.row_type.Create_indexed_block(1, local).Commit(),
+                              accumulate, op)
+        return handle
+
+    def _issue_write(self, handle: Handle, target: int, staging: np.ndarray, ttype: MPI.Datatype,
+                     accumulate: bool, op) -> None:
+        """One ``Put`` or ``Accumulate`` of ``staging`` to ``target``'s rows ``ttype`` (freed here), on ``handle``."""
+        origin = [staging, staging.size, self.basic]
+        if accumulate:
+            self.win.Accumulate(origin, target, target=(0, 1, ttype), op=op)
+        else:
+            self.win.Put(origin, target, target=(0, 1, ttype))
+        ttype.Free()
+        handle.targets.append(target)
+        handle.buffers.append(staging)
 
     def read_versions(self, rows: np.ndarray, out: np.ndarray) -> Handle:
         """Start reading the versions of ``rows`` into ``out`` (int64, one per row; HET)."""
@@ -340,11 +401,14 @@ class EmbeddingStore:
         return handle
 
     def put(self, rows: np.ndarray, values: np.ndarray, *, only: Optional[int] = None) -> Handle:
-        """Start overwriting ``rows`` with ``values`` (rows owned exclusively by the caller)."""
+        """Start overwriting ``rows`` with ``values`` (rows owned exclusively by the caller).
+
+        ``values`` must not change until the handle completes: MPI may read it until then."""
         return self._write(rows, values, accumulate=False, only=only)
 
     def accumulate(self, rows: np.ndarray, values: np.ndarray, *, only: Optional[int] = None) -> Handle:
-        """Start adding ``values`` to ``rows`` (element-wise atomic sum at the PS)."""
+        """Start adding ``values`` to ``rows`` (element-wise atomic sum at the PS); ``values`` unchanged until the
+        handle completes."""
         return self._write(rows, values, accumulate=True, only=only)
 
     def replace(self, rows: np.ndarray, values: np.ndarray) -> Handle:
@@ -362,6 +426,8 @@ class EmbeddingStore:
         self._check_values(rows, values, "values")
         self.rows_moved["accumulate" if accumulate else "put"] += len(rows)
         handle = Handle(self)
+        if self._whole_rma:
+            return self._write_whole(rows, values, accumulate, only, op, handle)
         for target, parts in self._by_target(rows, only):
             if self.channel is not None:  # one message per width; the rows go straight into it, one copy
                 kind = packed_transport.ADD if accumulate and op == MPI.SUM else packed_transport.PUT
@@ -381,15 +447,7 @@ class EmbeddingStore:
                     np.take(values, positions, axis=0, out=view)
                 else:
                     view[:] = values[positions[:, None], columns]
-            ttype = self._target_type(parts)
-            origin = [staging, staging.size, self.basic]
-            if accumulate:
-                self.win.Accumulate(origin, target, target=(0, 1, ttype), op=op)
-            else:
-                self.win.Put(origin, target, target=(0, 1, ttype))
-            ttype.Free()
-            handle.targets.append(target)
-            handle.buffers.append(staging)
+            self._issue_write(handle, target, staging, self._target_type(parts), accumulate, op)
         return handle
 
     def complete(self, *handles: Handle) -> None:

@@ -264,6 +264,15 @@ class ShardPlan:
         except ValueError as err:
             raise ShardPlanError(str(err)) from None
 
+    def by_shard(self, rows, only: Optional[int] = None) -> list:
+        """A plan of whole rows (no column slices): ``[(shard, positions, local rows as a list)]`` per shard
+        holding some of ``rows``, positions in row order (``shard_routes.Router.by_shard``). Raises for rows
+        outside the plan."""
+        try:
+            return self._router.by_shard(np.ascontiguousarray(rows, dtype=np.int64), -1 if only is None else only)
+        except ValueError as err:
+            raise ShardPlanError(str(err)) from None
+
     def route_key(self, key: int) -> tuple[int, int]:
         """(shard, piece width) of a key of :meth:`routes`; the width is 0 for a plan of whole rows."""
         return divmod(key, self._route_dim + 1)

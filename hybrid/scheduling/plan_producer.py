@@ -7,6 +7,18 @@ from the scheduler is therefore taken here, when plan ``t`` is made, and
 travels with it: the scheduler's arrays (``BatchPlan.saved``) and this
 worker's dirty rows (``BatchPlan.dirty``).
 
+The thread makes a plan when the training loop gives it a turn
+(:meth:`PlanProducer.turn`), which the loop does where it waits outside the
+interpreter (the workers' allreduce, waiting for the others; with one
+worker, the backward pass), and whenever the loop finds no plan ready.
+Both threads share one interpreter lock: a scheduler free to run whenever
+its queue had room made its next plan during the loop's own Python (the
+pulls, the forward), and each handover of the lock cost the loop its wait.
+With 1 worker + 1 PS on W1 smoke (2 cores), iterations 1,000-1,400 of an
+epoch took 8.54 and 8.59 ms of wall time for 7.20 and 7.19 ms of the loop's
+CPU while the scheduler ran beside them, and 6.36 and 6.91 ms for 6.36 and
+6.89 once every plan was made (docs/benchmarks.md, issue 54).
+
 Steps known in advance (every ``checkpoint_every``, every ``eval_every``, the
 last) are marked as the plans are made. A stop on a signal (section 13) picks
 its step at run time: :meth:`PlanProducer.hold` parks the thread at its
@@ -48,6 +60,7 @@ class PlanProducer:
         self.scheduler, self.marks, self.keeps_state = scheduler, marks, keeps_state
         self._start_step = start_step  # the first plan's step without ``resume`` (a cold-started resumed run)
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._turn = threading.Event()  # the thread may make its next plan (one turn is kept if it is busy)
         self._stop = threading.Event()
         self._hold, self._held, self._released = threading.Event(), threading.Event(), threading.Event()
         self._stop_after: Optional[int] = None
@@ -69,7 +82,7 @@ class PlanProducer:
         try:  # any error, the scheduler's call included, reaches the consumer
             plans = self.scheduler.plans(feed(), self._resume, start_step=self._start_step)
             self._resume = None  # the generator drops it once loaded
-            for plan in plans:
+            for plan in self._paced(plans):
                 self._newest = plan.step
                 save, dirty = self.marks(plan.step)
                 stop = plan.step == self._stop_after
@@ -81,6 +94,27 @@ class PlanProducer:
             self._put(_End())
         except BaseException as err:  # handed to the consumer, which re-raises it
             self._put(err)
+
+    def _paced(self, plans: Iterator[BatchPlan]) -> Iterator[BatchPlan]:
+        """``plans``, each made only once the loop gave a turn; ends when closed."""
+        while self._await_turn():
+            plan = next(plans, None)
+            if plan is None:
+                return
+            yield plan
+
+    def _await_turn(self) -> bool:
+        """Wait for a turn; False once closed. A hold is one: the thread makes its next plan and parks with it
+        in hand (:meth:`_put`), where the agreed stop can still mark it."""
+        while not self._stop.is_set():
+            if self._turn.wait(0.1) or self._hold.is_set():
+                self._turn.clear()
+                return True
+        return False
+
+    def turn(self) -> None:
+        """Let the thread make its next plan now: the loop is about to wait outside the interpreter."""
+        self._turn.set()
 
     def _mark(self, plan: BatchPlan, save: bool, dirty: bool) -> None:
         """Attach what the end of ``plan``'s iteration needs; the scheduler is still right after ``plan``."""
@@ -114,6 +148,7 @@ class PlanProducer:
         its last plan is the end of the run, which needs no checkpoint.
         """
         self._hold.set()
+        self._turn.set()  # a thread waiting for its turn goes on to its next plan and parks with it
         while not self._held.wait(0.01):
             if not self._thread.is_alive():
                 break
@@ -127,6 +162,8 @@ class PlanProducer:
 
     def __iter__(self) -> Iterator[tuple[BatchPlan, GlobalBatch]]:
         while True:
+            if self._queue.empty():  # the loop would wait for the plan: the thread may make it now
+                self._turn.set()
             item = self._queue.get()
             if isinstance(item, _End):
                 return

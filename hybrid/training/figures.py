@@ -28,19 +28,46 @@ from hybrid.scheduling.event_kinds import ALLREDUCE_KINDS, CHECK_KINDS, PEER_KIN
 
 @dataclass
 class Figures:
-    """Totals over the plans :meth:`add` was given (one mode, the counted iterations)."""
+    """Totals over the plans :meth:`add` was given (one mode, the counted iterations).
+
+    :meth:`add` keeps the totals per event kind; the figures by category
+    (pulls, pushes, ...) are summed from them when read. The training loop
+    adds every plan, so an addition stays a few dictionary updates.
+    """
 
     iterations: int = 0
-    pulls: int = 0
-    pushes: int = 0
-    p2p: int = 0
-    version_checks: int = 0
-    allreduced: int = 0
     needed: int = 0
-    fetched: int = 0  # needed rows that were not fresh in the cache (pulled or sent peer to peer)
     busiest: int = 0  # per iteration, the transmissions of the worker with the most, summed
     by_kind: dict = field(default_factory=dict)
     sched_seconds: dict = field(default_factory=dict)
+
+    def _total(self, kinds) -> int:
+        return sum(self.by_kind.get(k, 0) for k in kinds)
+
+    @property
+    def pulls(self) -> int:
+        return self._total(PULL_KINDS)
+
+    @property
+    def pushes(self) -> int:
+        return self._total(PUSH_KINDS)
+
+    @property
+    def p2p(self) -> int:
+        return self._total(PEER_KINDS)
+
+    @property
+    def version_checks(self) -> int:
+        return self._total(CHECK_KINDS)
+
+    @property
+    def allreduced(self) -> int:
+        return self._total(ALLREDUCE_KINDS)
+
+    @property
+    def fetched(self) -> int:
+        """Needed rows that were not fresh in the cache (pulled or sent peer to peer)."""
+        return self._total(("pull", "p2p"))
 
     @property
     def transmissions(self) -> int:
@@ -58,18 +85,14 @@ class Figures:
 
     def add(self, plan) -> None:
         self.iterations += 1
-        self.pulls += sum(plan.counts[k] for k in PULL_KINDS)
-        self.p2p += sum(plan.counts[k] for k in PEER_KINDS)
-        self.pushes += sum(plan.counts[k] for k in PUSH_KINDS)
-        self.version_checks += sum(plan.counts[k] for k in CHECK_KINDS)
-        self.allreduced += sum(plan.counts[k] for k in ALLREDUCE_KINDS)
         self.needed += plan.needed
-        self.fetched += plan.counts["pull"] + plan.counts["p2p"]
         self.busiest += int(plan.per_worker.max()) if plan.per_worker is not None and len(plan.per_worker) else 0
+        by_kind = self.by_kind
         for kind, n in plan.counts.items():
-            self.by_kind[kind] = self.by_kind.get(kind, 0) + n
+            by_kind[kind] = by_kind.get(kind, 0) + n
+        sched = self.sched_seconds
         for stage, seconds in plan.timing.items():
-            self.sched_seconds[stage] = self.sched_seconds.get(stage, 0.0) + seconds
+            sched[stage] = sched.get(stage, 0.0) + seconds
 
     def summary(self, timings: bool = True) -> dict:
         """The figures as a dict; without ``timings`` only what the plans' counts give (the same on every run)."""

@@ -351,13 +351,16 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
     loss_sums = trainer.roles.workers.allreduce(np.array([r["loss_sum"] for r in log], dtype=np.float64))
     loss_sum = float(loss_sums.sum())
     mean_ms = {s: 1000 * sum(r["timing"].get(s, 0.0) for r in log) / max(1, len(log)) for s in STAGES}
+    training = seconds - trainer.run.paused_seconds  # throughput leaves out checkpoints and evaluations
+    # the rest of an iteration's time (worker 0's): the loop's bookkeeping between iterations (records, counts,
+    # checks), and the scheduler's thread holding the interpreter between stages
+    mean_ms["other"] = max(0.0, 1000 * training / max(1, len(log)) - sum(mean_ms.values()))
     if trainer.roles.worker != 0:
         return None
     everything, counted = trainer.run.figures, trainer.run.counted
     row_bytes = config.row_bytes
     pulls, pushes, p2p = int(total[0]), int(total[1] + total[2]), int(total[3])
     samples = sum(r["samples"] for r in log)
-    training = seconds - trainer.run.paused_seconds  # throughput leaves out checkpoints and evaluations
     shard_rows = trainer.table.plan.shard_rows
     return {
         "config": config.name, "mode": config.scheduler.mode.value, "label": modes.run_label(config),

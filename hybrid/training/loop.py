@@ -1,7 +1,8 @@
 """The hybrid-parallel training loop of one rank (docs/design.md, sections 2, 3 and 11).
 
 Workers train their share of each global batch: the scheduler (every worker
-runs its own, identically, in a background thread) says which samples are
+runs its own, identically, in a background thread, making each plan when
+this loop gives it a turn: hybrid.scheduling.plan_producer) says which samples are
 theirs and which embedding rows move where; this loop executes that worker's
 share against the RMA store and its cache, runs forward/backward, allreduces
 MLP gradients with Horovod and applies the embedding updates. PS ranks only
@@ -374,6 +375,9 @@ class HybridTrainer:
 
     def _loop(self, producer: PlanProducer, log: list, on_step, watchdog: Watchdog, heldout) -> None:
         """The iterations, each prepared by the one before (see the module docstring)."""
+        # the scheduler thread makes its next plan where this loop waits outside the interpreter: in the
+        # workers' allreduce (waiting for the others), or with one worker in the backward pass (plan_producer)
+        self._scheduler_turn = producer.turn
         plans = iter(producer)
         stages = self.stages = Stages()
         with stages("schedule_wait"):
@@ -615,8 +619,12 @@ class HybridTrainer:
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum") \
                 / len(ready.batch)
             self.optimizer.zero_grad()
+            if self.roles.n_workers == 1:
+                self._scheduler_turn()
             loss.backward()
         with stages("allreduce"):
+            if self.roles.n_workers > 1:
+                self._scheduler_turn()
             self.optimizer.synchronize()  # ordering rule 1: every worker's reads of this iteration are complete
             gradients = self.mode.reduce(work, self.staging.to_host(leaf.grad))
         with stages("compute"):  # the MLP's update: the model's arithmetic, as in a one-process trainer

@@ -43,6 +43,29 @@ def test_every_row_has_one_place_and_every_shard_is_dense(case):
     assert again.fingerprint == plan.fingerprint
 
 
+@settings(max_examples=200, deadline=None)
+@given(table_plans(), st.data())
+def test_by_shard_gives_each_rank_its_rows_in_order_as_one_sided_operations_address_them(case, data):
+    plan, _, _ = case
+    rows = np.array(data.draw(st.lists(st.integers(0, plan.n_rows - 1), max_size=60, unique=True)), dtype=np.int64)
+    only = data.draw(st.none() | st.integers(0, plan.n_shards - 1))
+    shard, local = plan.locate(rows)
+    found = plan.by_shard(rows, only)
+    assert [s for s, _, _ in found] == sorted(set(shard.tolist()) & ({only} if only is not None else set(shard.tolist())))
+    for s, positions, local_rows in found:
+        assert np.array_equal(positions, np.flatnonzero(shard == s))  # the rows' own order: no staging needed
+        assert local_rows == local[positions].tolist() and all(type(r) is int for r in local_rows)
+    if len(rows):
+        with pytest.raises(ShardPlanError, match="rows must be in"):
+            plan.by_shard(np.append(rows, plan.n_rows))
+
+
+def test_by_shard_refuses_a_plan_with_column_slices():
+    sliced = ShardPlan.from_tables([0, 10, 30], [Columns((0, 1)), [1, 0]], 2, "sliced", dim=DIM)
+    with pytest.raises(ShardPlanError, match="whole rows"):
+        sliced.by_shard(np.arange(3))
+
+
 def test_a_shard_filled_from_its_runs_holds_its_rows_initial_values():
     plan = ShardPlan.from_tables([0, 70_000, 70_050, 200_000], [[0, 1, 2], 1, [2, 0]], 3, "mixed")
     for s in range(3):
