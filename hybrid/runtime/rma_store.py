@@ -166,7 +166,7 @@ class EmbeddingStore:
                 f"launch/mpirun.sh --tcp (UCX over TCP); see docs/design.md section 12") from err
         self.version_win = MPI.Win.Allocate(_padded(size * 8), disp_unit=8, comm=comm) if versions else None
         self.channel = comm.Dup() if self.transport == "packed" else None
-        # one-sided operations on whole rows, the common case: routed per shard by one kernel call (_whole_rows)
+        # one-sided operations on whole rows, the common case: one kernel call routes them (_get_whole, _write_whole)
         self._whole_rma = self.channel is None and not self.plan.columns
         self.service = None
         self.shard = None  # a PS rank's rows, in the window's memory
