@@ -255,6 +255,18 @@ def test_a_case_is_a_mode_with_optional_settings():
             case_overrides(bad)
 
 
+def test_other_is_the_iteration_time_the_stages_leave_out_also_for_a_summary_without_it():
+    from hybrid.bench.train_bench import other_ms
+
+    # 100 iterations of 128 samples at 12,800 samples/s: 1 s, 10 ms per iteration, 9.25 of them in stages
+    older = {"iterations": 100, "samples": 12800, "throughput": 12800.0,
+             "iteration_ms": {"pull": 1.0, "compute": 8.0, "push": 0.25}}
+    assert other_ms(older) == 0.75
+    assert other_ms({**older, "iteration_ms": {**older["iteration_ms"], "other": 5.0}}) == 0.75  # its own left out
+    assert other_ms({"throughput": 100.0, "iteration_ms": {"compute": 3.0}}) == 0.0  # the floor's: no iterations
+    assert other_ms({**older, "iteration_ms": {"compute": 11.0}}) == 0.0  # never negative
+
+
 def _row(size, mode, runs, batch=128, label="", **fields):
     return {"size": size, "mode": mode, "case": mode + label, "batch_per_worker": batch, "samples_per_s_runs": runs,
             **fields}
