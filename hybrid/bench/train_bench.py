@@ -42,7 +42,7 @@ import numpy as np
 
 from hybrid.bench import case_overrides
 from hybrid.config import Config, ConfigError, load_config
-from hybrid.training.summary_text import counted_rows
+from hybrid.training.summary_text import counted_rows, other_ms
 
 ROOT = Path(__file__).resolve().parents[2]
 # the training loop's stages (hybrid.training.loop.STAGES) and "other": the rest of an iteration's time
@@ -53,13 +53,11 @@ OUTSIDE_COMPUTE = tuple(stage for stage in STAGES if stage != "compute")
 PLAIN = "plain"  # the floor's case name (hybrid.bench.plain_torch)
 
 
-def other_ms(summary: dict) -> float:
-    """An iteration's time outside its stages, from a summary that does not report it (another checkout's):
-    the training time per iteration, ``samples / throughput / iterations``, less the stages' sum."""
-    if not summary.get("iterations") or not summary.get("throughput"):
-        return 0.0
-    per_iteration = 1000 * summary["samples"] / summary["throughput"] / summary["iterations"]
-    return round(max(0.0, per_iteration - sum(v for k, v in summary["iteration_ms"].items() if k != "other")), 3)
+def other_ms_of(summary: dict) -> float:
+    """An iteration's time outside its stages, from a summary that does not report it (another checkout's), as
+    ``hybrid train`` computes it (``summary_text.other_ms``); 0 for the floor's, which has no iterations."""
+    training = summary.get("seconds", 0.0) - summary.get("paused_seconds", 0.0)
+    return round(other_ms(training, summary.get("iterations", 0), summary["iteration_ms"]), 3)
 
 
 def is_floor(case: str) -> bool:
@@ -88,7 +86,7 @@ class Case:
     def to_dict(self) -> dict:
         last = self.summaries[-1]
         for summary in self.summaries:
-            summary["iteration_ms"].setdefault("other", other_ms(summary))
+            summary["iteration_ms"].setdefault("other", other_ms_of(summary))
         ms = {k: round(self.median(lambda s: s["iteration_ms"].get(k, 0.0)), 3) for k in STAGES}
         row = {"size": self.size, "mode": self.mode, "case": self.name, "batch_per_worker": last["batch_per_worker"],
                "tree": str(self.tree), "store": str(self.store),

@@ -35,6 +35,7 @@ from hybrid.runtime.reshard import checkpoint_plan, cold_start, files_to_verify,
 from hybrid.runtime.shard_plan import ShardPlan, ShardPlanError
 from hybrid.training import learning_curves
 from hybrid.training.loop import STAGES, HybridTrainer
+from hybrid.training.summary_text import other_ms
 
 
 def _open_stores(config: Config) -> tuple[Optional[dict], str]:
@@ -354,7 +355,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
     training = seconds - trainer.run.paused_seconds  # throughput leaves out checkpoints and evaluations
     # the rest of an iteration's time (worker 0's): the loop's bookkeeping between iterations (records, counts,
     # checks), and the scheduler's thread holding the interpreter between stages
-    mean_ms["other"] = max(0.0, 1000 * training / max(1, len(log)) - sum(mean_ms.values()))
+    mean_ms["other"] = other_ms(training, len(log), mean_ms)
     if trainer.roles.worker != 0:
         return None
     everything, counted = trainer.run.figures, trainer.run.counted

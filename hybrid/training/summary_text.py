@@ -126,3 +126,11 @@ def counted_rows(summary: dict) -> int:
     """The transmissions after the warm-up, as ``hybrid simulate`` counts them (older summaries: all of them)."""
     counted = summary.get("counted")
     return counted["transmissions"] if counted and counted["iterations"] else summary["transmissions"]["rows"]
+
+
+def other_ms(training_seconds: float, iterations: int, stage_ms: dict) -> float:
+    """An iteration's time outside its stages (the summary's ``other``): the training time per iteration less
+    the stages' milliseconds (``stage_ms``, any ``other`` in it left out); 0 without iterations."""
+    if iterations <= 0 or training_seconds <= 0:
+        return 0.0
+    return max(0.0, 1000 * training_seconds / iterations - sum(v for k, v in stage_ms.items() if k != "other"))

@@ -256,10 +256,10 @@ def test_a_case_is_a_mode_with_optional_settings():
 
 
 def test_other_is_the_iteration_time_the_stages_leave_out_also_for_a_summary_without_it():
-    from hybrid.bench.train_bench import other_ms
+    from hybrid.bench.train_bench import other_ms_of as other_ms
 
-    # 100 iterations of 128 samples at 12,800 samples/s: 1 s, 10 ms per iteration, 9.25 of them in stages
-    older = {"iterations": 100, "samples": 12800, "throughput": 12800.0,
+    # 100 iterations in 1 s of training (1.5 s less 0.5 s paused): 10 ms per iteration, 9.25 of them in stages
+    older = {"iterations": 100, "seconds": 1.5, "paused_seconds": 0.5,
              "iteration_ms": {"pull": 1.0, "compute": 8.0, "push": 0.25}}
     assert other_ms(older) == 0.75
     assert other_ms({**older, "iteration_ms": {**older["iteration_ms"], "other": 5.0}}) == 0.75  # its own left out
