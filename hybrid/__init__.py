@@ -21,6 +21,7 @@ list, never from one below (``tests/unit/test_layout.py`` checks it):
 - ``hybrid.training``: the training loop, the job around it, the simulator,
   the single-process reference and the summary.
 - ``hybrid.bench``: the benchmarks (``hybrid bench ...``).
+- ``hybrid.projection``: a time model of one iteration, calibrated here, to project runs on other clusters.
 - ``hybrid.cli``: the ``hybrid`` command, one module per command group.
 
 The design as built is in docs/design.md; docs/layout.md walks through the packages.

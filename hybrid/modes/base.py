@@ -123,9 +123,12 @@ class TrainingMode(abc.ABC):
         return Scheduler.from_config(config, cardinalities=cardinalities, policy=cls.schedule, worker=worker)
 
     @classmethod
-    def simulation(cls, config: Config, store: BatchStore, length: int, losses: Optional[list] = None):
-        """(scheduler, the batches of ids of ``length`` iterations) for ``hybrid simulate``; ``losses``: FAE's."""
-        scheduler = cls.scheduler_for(config, cardinalities=store.cardinalities)
+    def simulation(cls, config: Config, store: BatchStore, length: int, losses: Optional[list] = None, *,
+                   worker: Optional[int] = None):
+        """(scheduler, the batches of ids of ``length`` iterations) for ``hybrid simulate``; ``losses``: FAE's;
+        ``worker``: the scheduler annotates the events as that worker's runtime needs them (which pulls may
+        be read ahead) and makes its plans."""
+        scheduler = cls.scheduler_for(config, cardinalities=store.cardinalities, worker=worker)
         return scheduler, (b.sparse for b in cls._store_order(config, store, stop_batch=length))
 
     @staticmethod

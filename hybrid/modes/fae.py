@@ -110,16 +110,17 @@ class Fae(Vanilla):
                                  "use data.validation_fraction > 0 or data.test_fraction > 0")
 
     @classmethod
-    def simulation(cls, config: Config, store: BatchStore, length: int, losses: Optional[list] = None):
+    def simulation(cls, config: Config, store: BatchStore, length: int, losses: Optional[list] = None, *,
+                   worker: Optional[int] = None):
         """FAE's scheduler and its strips over ``store`` (without end: the caller takes ``length``), laid out
-        with ``losses`` (or none).
+        with ``losses`` (or none); ``worker`` as for the other modes.
 
         The strip lengths follow the held-out loss, which only training
         measures: without ``losses`` (per pair, as a run logged them) the
         rate stays at its start.
         """
         calibration = calibration_for(config, store, say=lambda *_: None)
-        scheduler = FaeScheduler(cls.scheduler_for(config, cardinalities=store.cardinalities),
+        scheduler = FaeScheduler(cls.scheduler_for(config, cardinalities=store.cardinalities, worker=worker),
                                  calibration.hot_rows)
         batches = replayed_batches(store, calibration.hot_inputs, config.global_batch,
                                    shuffle=config.data.shuffle, seed=config.data.shuffle_seed, losses=losses)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -97,6 +97,9 @@ class Scheduler:
     table_offsets: np.ndarray
     snapshot_worker: Optional[int] = None  # debug: attach this worker's end-of-iteration state to plans
     sums_shared_rows: bool = False  # row-wise Adagrad: plans name the shared rows (summed before their update)
+    # called with "train" and then "plan" right after each of those state calls, while the state's events
+    # are that call's (hybrid.projection reads every worker's events there)
+    observe: Optional[Callable[[str], None]] = None
     _timing: dict = field(default_factory=dict)
     _next: tuple = (0, None)  # (step, allocation) of the batch after the plan last yielded
 
@@ -226,6 +229,8 @@ class Scheduler:
             timing = dict(self._timing)
             start = time.perf_counter()
             counts = self.state.train()
+            if self.observe is not None:
+                self.observe("train")
             per_worker = self.state.worker_transmissions()
             digest = hashlib.sha256(alloc.tobytes())
             digest.update(int(self.state.event_digest).to_bytes(8, "little"))
@@ -238,6 +243,8 @@ class Scheduler:
                 next_rows = next_alloc = None
             start = time.perf_counter()
             planned = self.state.plan(next_rows, next_alloc)
+            if self.observe is not None:
+                self.observe("plan")
             per_worker += self.state.worker_transmissions()
             digest.update(int(self.state.event_digest).to_bytes(8, "little"))
             shared = shared_rows(rows, alloc, self.state.n_workers) if self.sums_shared_rows else None

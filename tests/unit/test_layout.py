@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hybrid"
 ORDER = ["_ext", "counter_hash", "data", "config", "torch_files", "models", "embedding_optimizer", "lr_schedule",
          "exported",
          "scheduling", "runtime", "sharding", "modes",
-         "training", "bench", "cli", "__main__"]
+         "training", "bench", "projection", "cli", "__main__"]
 
 
 def _unit(module: str) -> str:

@@ -1,0 +1,140 @@
+"""The time model's stage formulas against hand-computed cases, and what must hold whatever the inputs."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybrid.projection.time_model import (Cluster, Load, Profile, allreduce_ms, barrier_ms, bounding_stage,
+                                          compute_share, iteration_ms, link_ms, stage_ms, transfer_ms)
+
+PROFILE = Profile(op_ms=0.02, row_ms=0.0001, sample_ms=0.05, compute_ms=0.3, data_sample_ms=0.001,
+                  allreduce_ms=0.1, barrier_ms=0.04, other_ms=0.2)
+
+
+def test_a_gigabyte_over_8_gbit_takes_a_second_and_nothing_without_a_link():
+    assert transfer_ms(1e9, 8.0) == pytest.approx(1000.0)
+    assert transfer_ms(1e9, None) == 0.0
+
+
+def test_one_host_pays_the_operations_and_the_cores_shared_not_bytes():
+    cluster = Cluster(workers=3, ps=1, workers_per_host=3, cores_per_host=2)
+    load = Load(samples=128, pull_rows=1000, push_rows=800, row_bytes=72, pull_ops=2, push_ops=3,
+                ps_pull_rows=3000, ps_push_rows=2400)
+    stages = stage_ms(load, cluster, PROFILE)
+    assert compute_share(cluster) == 2.0  # 4 ranks on 2 cores
+    assert stages["compute"] == pytest.approx((0.3 + 128 * 0.05) * 2.0)
+    assert stages["pull"] == pytest.approx(2 * 0.02 + 1000 * 0.0001)
+    assert stages["push"] == pytest.approx(3 * 0.02 + 800 * 0.0001)
+    assert stages["data"] == pytest.approx(0.128)
+    assert stages["allreduce"] == pytest.approx(0.1)
+    assert stages["barrier"] == pytest.approx(0.04)
+    assert stages["schedule_wait"] == 0.0
+    assert iteration_ms(load, cluster, PROFILE) == pytest.approx(sum(stages.values()))
+
+
+def test_a_stage_over_links_takes_the_busier_nic_and_a_round_trip():
+    cluster = Cluster(workers=4, ps=1, workers_per_host=2, gbps=10.0, latency_ms=0.05)
+    load = Load(samples=128, pull_rows=1000, row_bytes=72, pull_ops=1, ps_pull_rows=4000)
+    # a worker host: 2 workers x 1000 rows x 72 B = 144 kB -> 0.1152 ms; the PS: 4000 x 72 B -> 0.2304 ms
+    assert link_ms(72000, 288000, cluster) == pytest.approx(0.2304 + 0.1)
+    # a PS that takes little: the worker hosts' NICs bound it
+    assert link_ms(72000, 7200, cluster) == pytest.approx(0.1152 + 0.1)
+    assert link_ms(0, 0, cluster) == 0.0  # nothing moves: no round trip
+    stages = stage_ms(load, cluster, PROFILE)
+    assert stages["pull"] == pytest.approx(0.02 + 1000 * 0.0001 + 0.3304)
+    # write-backs go the other way at the same time: the slower direction counts
+    both = Load(samples=128, pull_rows=1000, writeback_rows=500, row_bytes=72, pull_ops=2, ps_pull_rows=4000,
+                ps_writeback_rows=6000)
+    assert stage_ms(both, cluster, PROFILE)["pull"] == pytest.approx(2 * 0.02 + 1500 * 0.0001 + 0.3456 + 0.1)
+
+
+def test_a_version_check_moves_16_bytes_not_a_row():
+    cluster = Cluster(workers=1, ps=1, gbps=1.0)
+    load = Load(samples=0, row_bytes=1000, check_rows=1000, ps_check_rows=1000)
+    # 16 kB over 1 Gbit/s: 0.128 ms
+    assert stage_ms(load, cluster, Profile(op_ms=0, row_ms=0, sample_ms=0))["pull"] == pytest.approx(0.128)
+
+
+def test_the_ring_allreduce_moves_2_h_minus_1_over_h_of_the_bytes_between_hosts():
+    load = Load(samples=1, row_bytes=72, mlp_bytes=1e6)
+    apart = Cluster(workers=8, ps=1, workers_per_host=2, gbps=10.0, latency_ms=0.05)
+    # 4 hosts: 1.5 MB through each NIC (1.2 ms at 10 Gbit/s), 6 steps of 0.05 ms
+    assert allreduce_ms(load, apart, PROFILE) == pytest.approx(0.1 + 1.2 + 0.3)
+    assert allreduce_ms(load, Cluster(workers=8, ps=1, workers_per_host=8, gbps=10.0), PROFILE) == 0.1
+    assert allreduce_ms(load, Cluster(workers=1, ps=1, gbps=10.0), PROFILE) == 0.0
+
+
+def test_the_barrier_pays_a_round_trip_per_doubling_of_the_workers_between_hosts():
+    assert barrier_ms(Cluster(workers=8, ps=1, gbps=1.0, latency_ms=0.1), PROFILE) == pytest.approx(0.04 + 0.6)
+    assert barrier_ms(Cluster(workers=8, ps=1, workers_per_host=8, gbps=1.0, latency_ms=0.1), PROFILE) == 0.04
+    assert barrier_ms(Cluster(workers=1, ps=1, gbps=1.0, latency_ms=0.1), PROFILE) == 0.04
+
+
+def test_the_prefetch_shows_only_where_it_outlasts_compute_and_the_allreduce():
+    cluster = Cluster(workers=1, ps=1, gbps=1.0)
+    # 10,000 rows of 100 B = 8 ms over 1 Gbit/s
+    load = Load(samples=10, row_bytes=100, prefetch_rows=10000, ps_prefetch_rows=10000)
+    slow = Profile(op_ms=0.0, row_ms=0.0, sample_ms=1.0)  # compute 10 ms: hidden
+    assert stage_ms(load, cluster, slow)["pull"] == pytest.approx(0.0)
+    fast = Profile(op_ms=0.0, row_ms=0.0, sample_ms=0.5)  # compute 5 ms: 3 ms show
+    assert stage_ms(load, cluster, fast)["pull"] == pytest.approx(3.0)
+
+
+def test_the_writes_show_only_where_they_outlast_the_next_batch_s_data():
+    cluster = Cluster(workers=1, ps=1, gbps=1.0)
+    load = Load(samples=1000, push_rows=10000, row_bytes=100, ps_push_rows=10000)  # 8 ms of bytes
+    profile = Profile(op_ms=0.0, row_ms=0.0, sample_ms=0.0, data_sample_ms=0.005)  # data 5 ms
+    assert stage_ms(load, cluster, profile)["push"] == pytest.approx(3.0)
+
+
+def test_a_scheduler_slower_than_the_iteration_sets_the_pace():
+    cluster = Cluster(workers=8, ps=1, workers_per_host=8)
+    load = Load(samples=10, row_bytes=72)
+    profile = Profile(op_ms=0.0, row_ms=0.0, sample_ms=0.1, schedule_ms=((8, 50.0),))
+    stages = stage_ms(load, cluster, profile)
+    assert iteration_ms(load, cluster, profile) == pytest.approx(50.0)
+    assert bounding_stage(stages) == "schedule"
+    assert bounding_stage(stage_ms(load, cluster, Profile(op_ms=0.0, row_ms=0.0, sample_ms=0.1))) == "compute"
+
+
+def test_the_scheduler_s_time_is_interpolated_between_worker_counts_and_extended_beyond():
+    profile = Profile(op_ms=0, row_ms=0, sample_ms=0, schedule_ms=((3, 1.1), (1, 0.5)))
+    assert profile.schedule_at(1) == pytest.approx(0.5)
+    assert profile.schedule_at(2) == pytest.approx(0.8)
+    assert profile.schedule_at(5) == pytest.approx(1.7)
+    assert Profile(op_ms=0, row_ms=0, sample_ms=0).schedule_at(64) == 0.0
+
+
+@pytest.mark.parametrize("bad", [dict(workers=0), dict(ps=0), dict(gbps=0.0), dict(latency_ms=-1.0),
+                                 dict(cores_per_host=0)])
+def test_a_cluster_that_cannot_exist_is_refused(bad):
+    with pytest.raises(ValueError):
+        Cluster(**{"workers": 2, "ps": 1, **bad})
+
+
+def test_a_negative_cost_is_refused_naming_it():
+    with pytest.raises(ValueError, match="row_ms"):
+        Profile(op_ms=0.0, row_ms=-1.0, sample_ms=0.0)
+
+
+rows = st.floats(min_value=0, max_value=1e6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pull=rows, push=rows, prefetch=rows, more=st.floats(min_value=0, max_value=1e5),
+       gbps=st.floats(min_value=0.1, max_value=400), faster=st.floats(min_value=1.0, max_value=10.0),
+       workers=st.integers(1, 1024), per_host=st.integers(1, 16))
+def test_more_rows_never_take_less_time_and_a_faster_link_never_more(pull, push, prefetch, more, gbps, faster,
+                                                                    workers, per_host):
+    cluster = Cluster(workers=workers, ps=4, workers_per_host=per_host, gbps=gbps, latency_ms=0.01)
+    load = Load(samples=128, pull_rows=pull, push_rows=push, row_bytes=72, prefetch_rows=prefetch,
+                writeback_rows=push / 2, check_rows=pull / 3, p2p_rows=pull / 5, pull_ops=4, push_ops=8,
+                ps_pull_rows=pull * workers / 4, ps_prefetch_rows=prefetch * workers / 4,
+                ps_push_rows=push * workers / 4, ps_writeback_rows=push * workers / 8, mlp_bytes=4e6)
+    base = iteration_ms(load, cluster, PROFILE)
+    for field in ("pull_rows", "writeback_rows", "check_rows", "p2p_rows", "push_rows", "prefetch_rows",
+                  "ps_pull_rows", "ps_writeback_rows", "ps_check_rows", "ps_prefetch_rows", "ps_push_rows",
+                  "pull_ops", "push_ops", "samples", "mlp_bytes"):
+        grown = Load(**{**load.__dict__, field: getattr(load, field) + more})
+        assert iteration_ms(grown, cluster, PROFILE) >= base - 1e-9
+    quicker = Cluster(workers=workers, ps=4, workers_per_host=per_host, gbps=gbps * faster, latency_ms=0.01)
+    assert iteration_ms(load, quicker, PROFILE) <= base + 1e-9
