@@ -11,6 +11,7 @@ the exit status:
 - ``bench``: ``bench`` (every benchmark) and the argument types of its options.
 - ``train``: ``train`` (under mpirun), ``compare``, ``plot``.
 - ``export``: ``export`` (a checkpoint as one file), ``evaluate`` (an exported model on a store).
+- ``project``: ``project`` (a run's iteration on a cluster, from the calibrated time model).
 - ``output``: what the groups share: progress bars, where text goes, strict JSON, ``EXIT_FAILURE``.
 
 This module builds the parser and runs a command (``main``): it turns the
@@ -28,7 +29,7 @@ import os
 import signal
 import sys
 
-from hybrid.cli import bench, data, export, sharding, simulate, train, workload
+from hybrid.cli import bench, data, export, project, sharding, simulate, train, workload
 from hybrid.cli.output import EXIT_FAILURE
 from hybrid.config import ConfigError
 from hybrid.data.formats import FormatError
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.register(sub)
     train.register(sub)
     export.register(sub)
+    project.register(sub)
     return parser
 
 

@@ -19,6 +19,7 @@ FAE (its own scheduler, with replica iterations) is not modelled yet.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -109,11 +110,23 @@ def row_bytes(config: Config) -> int:
     return config.row_bytes + ID_BYTES
 
 
+@dataclass(frozen=True)
+class RunLoad:
+    """What a run asks of each iteration: its mean ``Load``, over how many iterations, and its worker's
+    scheduler's milliseconds per global batch on this machine (the plans alone, as a worker makes them)."""
+
+    load: Load
+    iterations: int
+    schedule_ms: float
+
+
 def loads(config: Config, store: BatchStore, mode: Mode, *, iterations: int = 0, mlp_bytes: float = 0.0,
-          shards: Optional[ShardPlan] = None) -> tuple[Load, int]:
-    """The mean ``Load`` of ``mode``'s run of ``config`` over the iterations after the warm-up, and how many.
+          shards: Optional[ShardPlan] = None) -> RunLoad:
+    """The mean ``Load`` of ``mode``'s run of ``config`` over the iterations after the warm-up.
 
     ``shards``: the PS layout (default: the run's contiguous one); ``mlp_bytes``: the MLP's gradients.
+    The scheduler runs as worker 0's does (its plans and the marks of what may be read ahead); the time
+    spent reading the events out is not counted in ``schedule_ms``.
     """
     if mode is Mode.fae:
         raise ValueError("the time model does not cover FAE yet (its replica iterations); use vanilla, laia, plan, "
@@ -123,13 +136,27 @@ def loads(config: Config, store: BatchStore, mode: Mode, *, iterations: int = 0,
     shards = shards or ShardPlan.contiguous(n_rows, config.cluster.ps)
     scheduler, batches = modes.get(mode).simulation(config, store, length, worker=0)  # worker: early pulls marked
     iteration = _Iteration(config.cluster.workers, shards, config.train.overlap)
-    scheduler.observe = lambda call: iteration.observe(scheduler.state)
-    sums = _Sums()
-    for plan in scheduler.plans(itertools.islice(batches, length)):
+    observing = [0.0]
+
+    def observe(call: str) -> None:
+        start = time.perf_counter()
+        iteration.observe(scheduler.state)
+        observing[0] += time.perf_counter() - start
+
+    scheduler.observe = observe
+    sums, scheduling = _Sums(), 0.0
+    plans = scheduler.plans(itertools.islice(batches, length))
+    while True:
+        observing[0], start = 0.0, time.perf_counter()
+        plan = next(plans, None)
+        if plan is None:
+            break
         figures = iteration.figures(plan.allocation)
         if plan.step >= config.scheduler.warmup_iterations:
             sums.add(figures)
+            scheduling += time.perf_counter() - start - observing[0]
     if not sums.iterations:
         raise ValueError(f"no iteration after scheduler.warmup_iterations={config.scheduler.warmup_iterations} "
                          f"in {length}: use more data or a shorter warm-up")
-    return Load(row_bytes=row_bytes(config), mlp_bytes=mlp_bytes, **sums.mean()), sums.iterations
+    load = Load(row_bytes=row_bytes(config), mlp_bytes=mlp_bytes, **sums.mean())
+    return RunLoad(load, sums.iterations, 1e3 * scheduling / sums.iterations)

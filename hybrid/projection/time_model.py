@@ -9,14 +9,24 @@ The loop's stages (docs/design.md section 11) and what each one waits for:
   the next iteration (prefetch) travel while this one computes and count
   only where they take longer than compute and the allreduce.
 - ``compute``: forward, backward and the optimizer step, per sample, on
-  the worker's device; CPU workers that share a host's cores take longer in
-  proportion (``ranks_per_host / cores_per_host`` when over 1).
+  the worker's device.
 - ``allreduce``: the MLP's gradients summed over the workers (ring, inside
-  a host through memory, between hosts over the links); nothing with one worker.
+  a host through memory, between hosts over the links), and the calls
+  around it (with one worker, only those).
 - ``push``: the updates written to the PS, overlapping the next batch's
   ``data``; the bytes as for pulls.
 - ``barrier`` and ``other``: a fixed cost per iteration (the barrier's
   latency terms grow with the ranks' log).
+- ``schedule``: CPU workers make each plan on their own cores (the
+  scheduler thread shares the interpreter with the loop, docs/benchmarks.md
+  issue 54), so its time per global batch is CPU work of the iteration.
+  GPU workers make it while the device computes: it shows only as
+  ``schedule_wait``, where it takes longer than the iteration.
+
+CPU workers whose ranks share cores do all their CPU work (every stage but
+the bytes on the links) slower by the share measured on the machine
+(``Profile.shares``: the floor in several processes at once), or by
+``busy ranks / cores`` where it was not measured.
 
 Bytes over the links: every worker of a host moves its rows through that
 host's NIC, and every PS host's NIC carries what all workers move from and
@@ -36,7 +46,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Optional
 
-STAGES = ("data", "pull", "compute", "allreduce", "push", "barrier", "other")
+STAGES = ("data", "pull", "compute", "allreduce", "push", "barrier", "other", "schedule")
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,8 @@ class Cluster:
     ``gbps``: each host's NIC, per direction; ``None``: every rank on one
     host (no link). ``cores_per_host``: CPU workers only (``None`` for GPU
     workers, whose compute does not share the host's cores).
+    ``one_machine``: the hosts are emulated on one machine (``hybrid bench
+    e2e``), whose ``cores_per_host`` cores every rank shares.
     """
 
     workers: int
@@ -54,6 +66,7 @@ class Cluster:
     gbps: Optional[float] = None
     latency_ms: float = 0.0
     cores_per_host: Optional[int] = None
+    one_machine: bool = False
 
     def __post_init__(self):
         if self.workers < 1 or self.ps < 1 or self.workers_per_host < 1:
@@ -71,9 +84,15 @@ class Cluster:
         return -(-self.workers // self.workers_per_host)
 
     @property
-    def ranks_per_host(self) -> int:
-        """Ranks sharing a host's cores: its workers, and the PS ranks too when there is no link."""
-        return self.workers + self.ps if self.gbps is None else min(self.workers, self.workers_per_host)
+    def busy_ranks(self) -> int:
+        """Ranks computing on the cores a worker shares: the workers of its host (of all hosts on one
+        machine), and on one machine the PS ranks when they serve messages (across links); one-sided
+        operations leave the PS rank idle."""
+        if self.gbps is None:
+            return self.workers
+        if self.one_machine:
+            return self.workers + self.ps
+        return min(self.workers, self.workers_per_host)
 
 
 @dataclass(frozen=True)
@@ -84,10 +103,12 @@ class Profile:
     of its rows, on the worker's side (issue, routing, staging, completion);
     ``sample_ms``: compute per sample on one core or device, ``compute_ms``
     per iteration besides; ``data_sample_ms``: staging the inputs per
-    sample; ``allreduce_ms``: one allreduce call of the MLP gradients
-    besides its bytes; ``barrier_ms`` and ``other_ms``: per iteration;
+    sample; ``allreduce_ms``: the allreduce stage's own calls, besides its
+    bytes; ``barrier_ms`` and ``other_ms``: per iteration;
     ``schedule_ms``: the scheduler's time per global batch by worker count
-    (interpolated in between, linearly beyond the largest).
+    (interpolated in between, linearly beyond the largest); ``shares``: how
+    much slower CPU work runs with that many busy processes on the
+    machine's cores, ``((processes, factor), ...)``.
     """
 
     op_ms: float
@@ -98,27 +119,40 @@ class Profile:
     allreduce_ms: float = 0.0
     barrier_ms: float = 0.0
     other_ms: float = 0.0
-    schedule_ms: tuple = ()  # ((workers, ms per global batch), ...), sorted by workers
+    schedule_ms: tuple = ()  # ((workers, ms per global batch), ...)
+    shares: tuple = ()  # ((busy processes, slowdown), ...)
 
     def __post_init__(self):
-        negative = [f.name for f in fields(self) if f.name != "schedule_ms" and getattr(self, f.name) < 0]
+        negative = [f.name for f in fields(self) if f.name not in ("schedule_ms", "shares") and getattr(self, f.name) < 0]
         if negative:
             raise ValueError(f"profile costs must be >= 0: {', '.join(negative)}")
 
     def schedule_at(self, workers: int) -> float:
         """The scheduler's ms per global batch at ``workers`` (0 when not calibrated)."""
-        points = sorted(self.schedule_ms)
-        if not points:
-            return 0.0
-        if workers <= points[0][0]:
-            return points[0][1] * workers / points[0][0]
-        for (w0, t0), (w1, t1) in zip(points, points[1:]):
-            if workers <= w1:
-                return t0 + (t1 - t0) * (workers - w0) / (w1 - w0)
-        if len(points) == 1:
-            return points[0][1] * workers / points[0][0]
-        (w0, t0), (w1, t1) = points[-2], points[-1]
-        return t1 + (t1 - t0) * (workers - w1) / (w1 - w0)
+        return _interpolate(self.schedule_ms, workers) if self.schedule_ms else 0.0
+
+    def share_at(self, processes: int, cores: int) -> float:
+        """How much slower CPU work runs with ``processes`` busy on ``cores`` (at least 1)."""
+        if processes <= 1:
+            return 1.0
+        if not self.shares:
+            return max(1.0, processes / cores)
+        return max(1.0, _interpolate(((1, 1.0), *self.shares), processes))
+
+
+def _interpolate(points, x: float) -> float:
+    """Piecewise linear through ``points`` ((x, y), ...); through the origin below the first, along the last
+    segment beyond the last (proportionally when there is one point)."""
+    points = sorted(points)
+    if x <= points[0][0]:
+        return points[0][1] * x / points[0][0]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if len(points) == 1:
+        return points[0][1] * x / points[0][0]
+    (x0, y0), (x1, y1) = points[-2], points[-1]
+    return y1 + (y1 - y0) * (x - x1) / (x1 - x0)
 
 
 @dataclass(frozen=True)
@@ -177,33 +211,29 @@ def link_ms(worker_bytes: float, ps_bytes: float, cluster: Cluster) -> float:
     return max(transfer_ms(per_host, cluster.gbps), transfer_ms(ps_bytes, cluster.gbps)) + 2 * cluster.latency_ms
 
 
-def compute_share(cluster: Cluster) -> float:
-    """How much longer compute takes because the host's ranks share its cores (1 for GPU workers)."""
+def cpu_share(cluster: Cluster, profile: Profile) -> float:
+    """How much slower a worker's CPU work runs because busy ranks share its cores (1 for GPU workers)."""
     if cluster.cores_per_host is None:
         return 1.0
-    return max(1.0, cluster.ranks_per_host / cluster.cores_per_host)
+    return profile.share_at(cluster.busy_ranks, cluster.cores_per_host)
 
 
-def allreduce_ms(load: Load, cluster: Cluster, profile: Profile) -> float:
-    """A ring allreduce of ``mlp_bytes``: through memory inside a host, over the links between hosts.
+def ring_ms(load: Load, cluster: Cluster) -> float:
+    """A ring allreduce's bytes between hosts (inside a host memory moves them: the calls' cost covers it).
 
     Between ``h`` hosts a ring moves ``2 (h - 1) / h`` of the bytes through
     each NIC in ``2 (h - 1)`` steps, each paying the link's latency.
     """
-    if cluster.workers == 1:
-        return 0.0
     hosts = cluster.worker_hosts
     if cluster.gbps is None or hosts == 1:
-        return profile.allreduce_ms
-    return profile.allreduce_ms + transfer_ms(2 * (hosts - 1) / hosts * load.mlp_bytes, cluster.gbps) \
-        + 2 * (hosts - 1) * cluster.latency_ms
+        return 0.0
+    return transfer_ms(2 * (hosts - 1) / hosts * load.mlp_bytes, cluster.gbps) + 2 * (hosts - 1) * cluster.latency_ms
 
 
-def barrier_ms(cluster: Cluster, profile: Profile) -> float:
-    """The workers' barrier: its fixed cost and a round trip per doubling of the workers."""
+def barrier_rounds_ms(cluster: Cluster) -> float:
+    """The workers' barrier between hosts: a round trip per doubling of the workers."""
     rounds = math.ceil(math.log2(cluster.workers)) if cluster.workers > 1 else 0
-    hosts_apart = cluster.gbps is not None and cluster.worker_hosts > 1
-    return profile.barrier_ms + (2 * rounds * cluster.latency_ms if hosts_apart else 0.0)
+    return 2 * rounds * cluster.latency_ms if cluster.gbps is not None and cluster.worker_hosts > 1 else 0.0
 
 
 def stage_ms(load: Load, cluster: Cluster, profile: Profile) -> dict:
@@ -213,26 +243,27 @@ def stage_ms(load: Load, cluster: Cluster, profile: Profile) -> dict:
     prefetch of the next iteration travels during compute and the
     allreduce and shows in ``pull`` only by what it takes longer; the
     writes travel during the next batch's ``data`` and show in ``push`` by
-    what they take longer than that. ``schedule_wait`` is what the
-    scheduler takes beyond the iteration when it cannot keep ahead.
+    what they take longer than that.
     """
-    row = load.row_bytes
-    data = load.samples * profile.data_sample_ms
-    compute = (profile.compute_ms + load.samples * profile.sample_ms) * compute_share(cluster)
-    allreduce = allreduce_ms(load, cluster, profile)
+    row, share = load.row_bytes, cpu_share(cluster, profile)
+    data = load.samples * profile.data_sample_ms * share
+    compute = (profile.compute_ms + load.samples * profile.sample_ms) * share
+    allreduce = profile.allreduce_ms * share + ring_ms(load, cluster)
     reads = link_ms((load.pull_rows + load.p2p_rows) * row + load.check_rows * CHECK_BYTES,
                     load.ps_pull_rows * row + load.ps_check_rows * CHECK_BYTES, cluster)
     writes_back = link_ms(load.writeback_rows * row, load.ps_writeback_rows * row, cluster)
     ahead = link_ms(load.prefetch_rows * row, load.ps_prefetch_rows * row, cluster)
     rows_pulled = load.pull_rows + load.writeback_rows + load.check_rows + load.p2p_rows + load.prefetch_rows
-    pull = load.pull_ops * profile.op_ms + rows_pulled * profile.row_ms + max(reads, writes_back) \
+    pull = (load.pull_ops * profile.op_ms + rows_pulled * profile.row_ms) * share + max(reads, writes_back) \
         + max(0.0, ahead - compute - allreduce)
     writes = link_ms(load.push_rows * row, load.ps_push_rows * row, cluster)
-    push = load.push_ops * profile.op_ms + load.push_rows * profile.row_ms + max(0.0, writes - data)
+    push = (load.push_ops * profile.op_ms + load.push_rows * profile.row_ms) * share + max(0.0, writes - data)
+    on_cpu = cluster.cores_per_host is not None
+    schedule = profile.schedule_at(cluster.workers)
     stages = {"data": data, "pull": pull, "compute": compute, "allreduce": allreduce, "push": push,
-              "barrier": barrier_ms(cluster, profile), "other": profile.other_ms}
-    iteration = sum(stages.values())
-    stages["schedule_wait"] = max(0.0, profile.schedule_at(cluster.workers) - iteration)
+              "barrier": profile.barrier_ms * share + barrier_rounds_ms(cluster), "other": profile.other_ms * share,
+              "schedule": schedule * share if on_cpu else 0.0}
+    stages["schedule_wait"] = 0.0 if on_cpu else max(0.0, schedule - sum(stages.values()))
     return stages
 
 
@@ -242,5 +273,5 @@ def iteration_ms(load: Load, cluster: Cluster, profile: Profile) -> float:
 
 
 def bounding_stage(stages: dict) -> str:
-    """The stage that takes longest (``schedule_wait``: the scheduler cannot keep ahead)."""
+    """The stage that takes longest (``schedule``: a GPU worker's scheduler cannot keep ahead)."""
     return "schedule" if stages.get("schedule_wait", 0.0) > 0 else max(STAGES, key=lambda s: stages[s])

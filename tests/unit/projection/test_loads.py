@@ -16,7 +16,9 @@ def _config(store_path, *overrides):
 
 def _figures(config, store, mode):
     counted = simulate_mode(config, store, mode, ITERATIONS)
-    return counted, loads(config, store, mode, iterations=ITERATIONS)
+    run = loads(config, store, mode, iterations=ITERATIONS)
+    assert run.schedule_ms > 0
+    return counted, (run.load, run.iterations)
 
 
 @pytest.mark.parametrize("mode", [Mode.vanilla, Mode.herald, Mode.het])

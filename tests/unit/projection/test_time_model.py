@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybrid.projection.time_model import (Cluster, Load, Profile, allreduce_ms, barrier_ms, bounding_stage,
-                                          compute_share, iteration_ms, link_ms, stage_ms, transfer_ms)
+from hybrid.projection.time_model import (Cluster, Load, Profile, barrier_rounds_ms, bounding_stage, cpu_share,
+                                          iteration_ms, link_ms, ring_ms, stage_ms, transfer_ms)
 
 PROFILE = Profile(op_ms=0.02, row_ms=0.0001, sample_ms=0.05, compute_ms=0.3, data_sample_ms=0.001,
                   allreduce_ms=0.1, barrier_ms=0.04, other_ms=0.2)
@@ -15,20 +15,35 @@ def test_a_gigabyte_over_8_gbit_takes_a_second_and_nothing_without_a_link():
     assert transfer_ms(1e9, None) == 0.0
 
 
-def test_one_host_pays_the_operations_and_the_cores_shared_not_bytes():
+def test_one_host_pays_the_operations_and_its_shared_cores_not_bytes():
     cluster = Cluster(workers=3, ps=1, workers_per_host=3, cores_per_host=2)
     load = Load(samples=128, pull_rows=1000, push_rows=800, row_bytes=72, pull_ops=2, push_ops=3,
                 ps_pull_rows=3000, ps_push_rows=2400)
-    stages = stage_ms(load, cluster, PROFILE)
-    assert compute_share(cluster) == 2.0  # 4 ranks on 2 cores
-    assert stages["compute"] == pytest.approx((0.3 + 128 * 0.05) * 2.0)
-    assert stages["pull"] == pytest.approx(2 * 0.02 + 1000 * 0.0001)
-    assert stages["push"] == pytest.approx(3 * 0.02 + 800 * 0.0001)
-    assert stages["data"] == pytest.approx(0.128)
-    assert stages["allreduce"] == pytest.approx(0.1)
-    assert stages["barrier"] == pytest.approx(0.04)
+    profile = Profile(**{**PROFILE.__dict__, "schedule_ms": ((3, 1.0),)})
+    stages = stage_ms(load, cluster, profile)
+    share = 1.5  # 3 busy workers on 2 cores; the PS rank serves one-sided operations without its CPU
+    assert cpu_share(cluster, profile) == share
+    assert stages["compute"] == pytest.approx((0.3 + 128 * 0.05) * share)
+    assert stages["pull"] == pytest.approx((2 * 0.02 + 1000 * 0.0001) * share)
+    assert stages["push"] == pytest.approx((3 * 0.02 + 800 * 0.0001) * share)
+    assert stages["data"] == pytest.approx(0.128 * share)
+    assert stages["allreduce"] == pytest.approx(0.1 * share)
+    assert (stages["barrier"], stages["other"]) == pytest.approx((0.04 * share, 0.2 * share))
+    assert stages["schedule"] == pytest.approx(1.0 * share)  # each CPU worker makes every plan on its cores
     assert stages["schedule_wait"] == 0.0
-    assert iteration_ms(load, cluster, PROFILE) == pytest.approx(sum(stages.values()))
+    assert iteration_ms(load, cluster, profile) == pytest.approx(sum(stages.values()))
+
+
+def test_the_measured_share_of_cores_replaces_processes_over_cores():
+    measured = Profile(op_ms=0, row_ms=0, sample_ms=0, shares=((2, 1.1), (4, 2.6)))
+    assert measured.share_at(1, 2) == 1.0
+    assert measured.share_at(3, 2) == pytest.approx(1.85)
+    assert measured.share_at(6, 2) == pytest.approx(4.1)  # along the last segment
+    assert Profile(op_ms=0, row_ms=0, sample_ms=0).share_at(6, 2) == 3.0
+    emulated = Cluster(workers=3, ps=1, gbps=1.0, cores_per_host=2, one_machine=True)
+    assert emulated.busy_ranks == 4  # hosts emulated on one machine: the PS serving messages shares it too
+    assert Cluster(workers=8, ps=2, workers_per_host=4, gbps=10.0).busy_ranks == 4
+    assert cpu_share(Cluster(workers=8, ps=2, gbps=10.0), measured) == 1.0  # GPU workers
 
 
 def test_a_stage_over_links_takes_the_busier_nic_and_a_round_trip():
@@ -39,7 +54,7 @@ def test_a_stage_over_links_takes_the_busier_nic_and_a_round_trip():
     # a PS that takes little: the worker hosts' NICs bound it
     assert link_ms(72000, 7200, cluster) == pytest.approx(0.1152 + 0.1)
     assert link_ms(0, 0, cluster) == 0.0  # nothing moves: no round trip
-    stages = stage_ms(load, cluster, PROFILE)
+    stages = stage_ms(load, cluster, PROFILE)  # GPU workers (no cores given): the CPU costs unscaled
     assert stages["pull"] == pytest.approx(0.02 + 1000 * 0.0001 + 0.3304)
     # write-backs go the other way at the same time: the slower direction counts
     both = Load(samples=128, pull_rows=1000, writeback_rows=500, row_bytes=72, pull_ops=2, ps_pull_rows=4000,
@@ -58,15 +73,16 @@ def test_the_ring_allreduce_moves_2_h_minus_1_over_h_of_the_bytes_between_hosts(
     load = Load(samples=1, row_bytes=72, mlp_bytes=1e6)
     apart = Cluster(workers=8, ps=1, workers_per_host=2, gbps=10.0, latency_ms=0.05)
     # 4 hosts: 1.5 MB through each NIC (1.2 ms at 10 Gbit/s), 6 steps of 0.05 ms
-    assert allreduce_ms(load, apart, PROFILE) == pytest.approx(0.1 + 1.2 + 0.3)
-    assert allreduce_ms(load, Cluster(workers=8, ps=1, workers_per_host=8, gbps=10.0), PROFILE) == 0.1
-    assert allreduce_ms(load, Cluster(workers=1, ps=1, gbps=10.0), PROFILE) == 0.0
+    assert ring_ms(load, apart) == pytest.approx(1.2 + 0.3)
+    assert stage_ms(load, apart, PROFILE)["allreduce"] == pytest.approx(0.1 + 1.2 + 0.3)
+    assert ring_ms(load, Cluster(workers=8, ps=1, workers_per_host=8, gbps=10.0)) == 0.0
+    assert ring_ms(load, Cluster(workers=1, ps=1, gbps=10.0)) == 0.0
 
 
 def test_the_barrier_pays_a_round_trip_per_doubling_of_the_workers_between_hosts():
-    assert barrier_ms(Cluster(workers=8, ps=1, gbps=1.0, latency_ms=0.1), PROFILE) == pytest.approx(0.04 + 0.6)
-    assert barrier_ms(Cluster(workers=8, ps=1, workers_per_host=8, gbps=1.0, latency_ms=0.1), PROFILE) == 0.04
-    assert barrier_ms(Cluster(workers=1, ps=1, gbps=1.0, latency_ms=0.1), PROFILE) == 0.04
+    assert barrier_rounds_ms(Cluster(workers=8, ps=1, gbps=1.0, latency_ms=0.1)) == pytest.approx(0.6)
+    assert barrier_rounds_ms(Cluster(workers=8, ps=1, workers_per_host=8, gbps=1.0, latency_ms=0.1)) == 0.0
+    assert barrier_rounds_ms(Cluster(workers=1, ps=1, gbps=1.0, latency_ms=0.1)) == 0.0
 
 
 def test_the_prefetch_shows_only_where_it_outlasts_compute_and_the_allreduce():
@@ -86,7 +102,7 @@ def test_the_writes_show_only_where_they_outlast_the_next_batch_s_data():
     assert stage_ms(load, cluster, profile)["push"] == pytest.approx(3.0)
 
 
-def test_a_scheduler_slower_than_the_iteration_sets_the_pace():
+def test_a_gpu_worker_s_scheduler_slower_than_the_iteration_sets_the_pace():
     cluster = Cluster(workers=8, ps=1, workers_per_host=8)
     load = Load(samples=10, row_bytes=72)
     profile = Profile(op_ms=0.0, row_ms=0.0, sample_ms=0.1, schedule_ms=((8, 50.0),))

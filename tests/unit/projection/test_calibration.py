@@ -1,0 +1,42 @@
+"""The calibration's fits from measured stages, and reading a profile back."""
+import json
+
+import pytest
+
+from hybrid.projection.calibration import _batches, _fit_compute, _fit_operations, read_profile
+
+
+def test_compute_is_a_fixed_cost_and_a_cost_per_sample_through_two_batches():
+    rows = [{"batch_per_worker": 64, "iteration_ms": {"compute": 4.0}},
+            {"batch_per_worker": 128, "iteration_ms": {"compute": 7.2}}]
+    fixed, per_sample = _fit_compute(rows)
+    assert per_sample == pytest.approx(0.05) and fixed == pytest.approx(0.8)
+
+
+def test_operations_and_rows_are_recovered_from_pull_and_push_stages():
+    op, row = 0.03, 0.0002
+    equations = [(ops, rows, ops * op + rows * row) for ops, rows in [(2, 700), (2, 350), (3, 900), (3, 420)]]
+    assert _fit_operations(equations) == pytest.approx((op, row))
+
+
+def test_a_fit_that_would_go_below_zero_leaves_that_cost_at_zero():
+    # time falls with operations: all of it is per row
+    op, row = _fit_operations([(1, 1000, 0.5), (4, 1000, 0.4), (2, 2000, 1.0)])
+    assert op == 0.0 and row > 0
+
+
+def test_a_batch_of_one_cannot_be_halved():
+    assert _batches(128) == (64, 128)
+    with pytest.raises(ValueError, match="batch"):
+        _batches(1)
+
+
+def test_a_profile_is_read_back_and_another_file_refused(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"profile": {"op_ms": 0.02, "row_ms": 1e-4, "sample_ms": 0.05,
+                                            "shares": [[2, 1.1], [3, 1.6]]}}))
+    profile = read_profile(path)
+    assert profile.shares == ((2, 1.1), (3, 1.6)) and profile.op_ms == 0.02
+    (tmp_path / "other.json").write_text(json.dumps({"cases": []}))
+    with pytest.raises(ValueError, match="not a profile"):
+        read_profile(tmp_path / "other.json")
