@@ -15,6 +15,7 @@ iteration after ``WARMUP`` iterations, the threads and the device.
 from __future__ import annotations
 
 import time
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -50,12 +51,15 @@ def run(*, config_path: str, overrides=(), iterations: int = 0, threads: int = 1
     return result
 
 
-def train_plain(config, store: BatchStore, iterations: int, device: torch.device = torch.device("cpu")):
+def train_plain(config, store: BatchStore, iterations: int, device: torch.device = torch.device("cpu"),
+                after_step: Optional[Callable[[], None]] = None):
     """(table, model, last loss, seconds after the ``WARMUP`` iterations) of plain SGD on the global batches.
 
     The same model as the single-process reference (hybrid.training.reference),
     learning-rate schedule included, with the tables updated only where the
-    batch touched them, as a real single-process trainer would.
+    batch touched them, as a real single-process trainer would. ``after_step``:
+    called at the end of each iteration (several floors in step, as BSP
+    workers are: ``hybrid.projection.calibration``).
     """
     if config.train.embedding_optimizer is not EmbeddingOptimizer.sgd:
         raise ValueError("bench plain applies SGD to the embeddings; run it with train.embedding_optimizer=sgd")
@@ -84,6 +88,8 @@ def train_plain(config, store: BatchStore, iterations: int, device: torch.device
         optimizer.step()
         with torch.no_grad():
             table.index_add_(0, rows.reshape(-1), leaf.grad.reshape(-1, leaf.shape[-1]), alpha=-rates.embedding(step))
+        if after_step is not None:
+            after_step()
     _synchronize(device)
     return table.cpu().numpy(), model, loss.item(), time.perf_counter() - start
 

@@ -5,14 +5,18 @@ Measured from runs that no validation case predicts (docs/projection.md):
 1. compute: the floor (the config's model in one process on one thread,
    ``hybrid bench plain``) at the config's batch per worker and half of it:
    a fixed cost per iteration and a cost per sample;
-2. the loop's own costs: vanilla with one worker and one PS rank on this
-   host (``hybrid bench train``) at the same two batches. Its pull and push
-   stages against the operations and rows its loads count give the cost of
-   an operation and of a row (least squares, neither below zero); its data
-   stage per sample; its allreduce stage (the calls, nothing to sum), its
-   barrier and ``other`` per iteration;
-3. shared cores: the floor in 1 to ``2 x cores`` processes at once, each
-   one's ms per iteration over one alone.
+2. the loop's own costs: vanilla and herald with one worker and one PS
+   rank on this host (``hybrid bench train``) at the same two batches. Their
+   pull and push stages against the operations, rows and updated rows their
+   loads count give the cost of an operation, of a row and of a row's update
+   in the cache (least squares, none below zero); their data stage per
+   sample; their allreduce stage (the calls, nothing to sum), barrier and
+   ``other`` per iteration;
+3. shared cores: the floor in 2 to ``2 x cores`` processes at once, in
+   step (a barrier after every iteration, as BSP workers wait for each
+   other), each one's ms per iteration over one alone run right before (the
+   median of ``repeats`` such pairs: this machine's speed drifts within
+   minutes).
 
 The scheduler's time per global batch is measured with each case's loads
 (``loads.loads``): it depends on the workers and the mode.
@@ -20,11 +24,10 @@ The scheduler's time per global batch is measured with each case's loads
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import platform
 import statistics
-import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -38,7 +41,9 @@ from hybrid.projection.loads import loads
 from hybrid.projection.time_model import Profile
 
 FLOOR = "plain+cluster.workers=1"
-LOOP = "vanilla+cluster.workers=1+cluster.ps=1"
+# one worker + one PS: vanilla pushes every row it trains, herald none (its updates stay in the cache), so the
+# two separate a row's write from its update
+LOOPS = {"vanilla+cluster.workers=1+cluster.ps=1": Mode.vanilla, "herald+cluster.workers=1+cluster.ps=1": Mode.herald}
 
 
 def _batches(batch: int) -> tuple[int, int]:
@@ -57,40 +62,54 @@ def _fit_compute(floor_rows: list[dict]) -> tuple[float, float]:
     return max(0.0, float(fixed)), max(0.0, float(slope))
 
 
-def _fit_operations(equations: list[tuple[float, float, float]]) -> tuple[float, float]:
-    """(ms per operation, ms per row) from ``(operations, rows, ms)`` stage measurements, neither below 0."""
-    a = np.array([[ops, rows] for ops, rows, _ in equations], dtype=float)
-    y = np.array([ms for _, _, ms in equations])
-    (op, row), *_ = np.linalg.lstsq(a, y, rcond=None)
-    if op < 0:  # the rows explain it all
-        return 0.0, max(0.0, float(np.dot(a[:, 1], y) / np.dot(a[:, 1], a[:, 1])))
-    if row < 0:
-        return max(0.0, float(np.dot(a[:, 0], y) / np.dot(a[:, 0], a[:, 0]))), 0.0
-    return float(op), float(row)
+def _fit_operations(equations: list[tuple]) -> tuple:
+    """The costs (ms) per unit from ``(units..., ms)`` stage measurements: non-negative least squares."""
+    from scipy.optimize import nnls
+
+    a = np.array([e[:-1] for e in equations], dtype=float)
+    y = np.array([e[-1] for e in equations], dtype=float)
+    return tuple(float(c) for c in nnls(a, y)[0])
 
 
-def shared_cores(config_path: str, overrides: list[str], *, processes: int, iterations: int,
+def _floor_in_step(config_path: str, overrides: list, iterations: int, barrier, results) -> None:
+    """One of several floors in step (a spawned process): ms per iteration after the warm-up, into ``results``."""
+    import torch
+
+    from hybrid.bench.plain_torch import WARMUP, train_plain
+
+    torch.set_num_threads(1)
+    config = load_config(config_path, [*overrides, "cluster.workers=1"])
+    store = BatchStore.of(config.data, "train")
+    *_, seconds = train_plain(config, store, iterations, after_step=None if barrier is None else barrier.wait)
+    results.put(1e3 * seconds / (iterations - WARMUP))
+
+
+def shared_cores(config_path: str, overrides: list[str], *, processes: int, iterations: int, repeats: int,
                  say: Callable[[str], None]) -> tuple:
-    """((busy processes, slowdown), ...): the floor in k processes at once, for k = 2 .. ``processes``."""
-    command = [sys.executable, "-m", "hybrid", "bench", "plain", str(Path(config_path).resolve()), *overrides,
-               "cluster.workers=1", "--threads", "1", "--iterations", str(iterations), "--json"]
+    """((busy processes, slowdown), ...): the floor in k processes in step (a barrier after every
+    iteration, as BSP workers wait for each other) against one alone, for k = 2 .. ``processes``; each the
+    median over ``repeats`` of the ratio within a pair run back to back (this machine's speed drifts)."""
+    context = multiprocessing.get_context("spawn")  # no MPI, torch or thread state inherited
 
     def together(k: int) -> float:
-        running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    cwd=train_bench.ROOT) for _ in range(k)]
-        ms = []
+        barrier, results = (context.Barrier(k) if k > 1 else None), context.Queue()
+        running = [context.Process(target=_floor_in_step, args=(config_path, overrides, iterations, barrier, results))
+                   for _ in range(k)]
         for process in running:
-            out, err = process.communicate()
-            if process.returncode != 0:
-                raise RuntimeError(f"bench plain failed ({' '.join(command)}):\n{err[-2000:]}")
-            ms.append(json.loads(out.strip().splitlines()[-1])[0]["ms_per_iteration"])
+            process.start()
+        ms = [results.get(timeout=600) for _ in running]
+        for process in running:
+            process.join()
+            if process.exitcode != 0:
+                raise RuntimeError(f"a floor in step failed (exit {process.exitcode})")
         return statistics.median(ms)
 
-    alone = together(1)
     shares = []
     for k in range(2, processes + 1):
-        shares.append((k, round(together(k) / alone, 3)))
-        say(f"shared cores: {k} processes at once run {shares[-1][1]:.2f}x slower than one alone")
+        ratios = [together(k) / together(1) for _ in range(repeats)]
+        shares.append((k, round(statistics.median(ratios), 3)))
+        say(f"shared cores: {k} processes in step, each {shares[-1][1]:.2f}x the time of one alone "
+            f"(pairs: {', '.join(f'{r:.2f}' for r in ratios)})")
     return tuple(shares)
 
 
@@ -100,29 +119,33 @@ def calibrate(config_path: str, overrides=(), *, iterations: int = 300, repeats:
     overrides = list(overrides)
     config = load_config(config_path, overrides)
     batches = _batches(config.train.batch_per_worker)
-    result = train_bench.run(config_path=config_path, sizes=("smoke",), modes=(FLOOR, LOOP), iterations=iterations,
+    result = train_bench.run(config_path=config_path, sizes=("smoke",), modes=(FLOOR, *LOOPS), iterations=iterations,
                              repeats=repeats, overrides=overrides, batches=batches, progress=say)
     if result["failed"]:
         raise RuntimeError(f"calibration runs failed: {result['failed']}")
     floor = [r for r in result["cases"] if r["mode"] == FLOOR]
-    loop = [r for r in result["cases"] if r["mode"] == LOOP]
+    loop = [r for r in result["cases"] if r["mode"] in LOOPS]
     compute_ms, sample_ms = _fit_compute(floor)
     store = BatchStore.of(config.data, "train")
     equations, per_sample, fixed = [], [], {"allreduce": [], "barrier": [], "other": []}
     for row in loop:
+        mode = LOOPS[row["mode"]]
         run_config = load_config(config_path, [*overrides, "cluster.workers=1", "cluster.ps=1",
-                                               "scheduler.mode=vanilla", f"train.batch_per_worker={row['batch_per_worker']}"])
-        load = loads(run_config, store, Mode.vanilla, iterations=iterations).load
+                                               f"scheduler.mode={mode.value}",
+                                               f"train.batch_per_worker={row['batch_per_worker']}"])
+        load = loads(run_config, store, mode, iterations=iterations).load
         ms = row["iteration_ms"]
-        equations.append((load.pull_ops, load.pull_rows + load.writeback_rows + load.prefetch_rows, ms["pull"]))
-        equations.append((load.push_ops, load.push_rows, ms["push"]))
+        equations.append((load.pull_ops, load.pull_rows + load.writeback_rows + load.prefetch_rows, 0.0, ms["pull"]))
+        equations.append((load.push_ops, load.push_rows, load.update_rows, ms["push"]))
         per_sample.append(ms["data"] / load.samples)
         for stage in fixed:
             fixed[stage].append(ms[stage])
-    op_ms, row_ms = _fit_operations(equations)
+    op_ms, row_ms, update_row_ms = _fit_operations(equations)
     cores = os.cpu_count() or 1
-    shares = shared_cores(config_path, overrides, processes=2 * cores, iterations=iterations, say=say)
-    profile = Profile(op_ms=op_ms, row_ms=row_ms, sample_ms=sample_ms, compute_ms=compute_ms,
+    shares = shared_cores(config_path, overrides, processes=2 * cores, iterations=iterations, repeats=repeats,
+                           say=say)
+    profile = Profile(op_ms=op_ms, row_ms=row_ms, update_row_ms=update_row_ms, sample_ms=sample_ms,
+                      compute_ms=compute_ms,
                       data_sample_ms=statistics.mean(per_sample),
                       allreduce_ms=statistics.mean(fixed["allreduce"]), barrier_ms=statistics.mean(fixed["barrier"]),
                       other_ms=statistics.mean(fixed["other"]), shares=shares)

@@ -9,7 +9,9 @@ into the stages the loop executes them in (docs/design.md section 11):
   write) read a whole iteration ahead when ``train.overlap`` is on;
   write-backs; HET's version checks; rows received from peers.
 - ``push``: accumulates, full-set and plan pushes; HET's delta pushes and
-  evicted deltas (each with its version counts: one more operation).
+  evicted deltas (each with its version counts: one more operation); and
+  every trained row's update in the cache (one update event per trained
+  row and worker).
 
 An operation counts once per PS rank its rows reach (the store sends one
 per rank). Each stage's figures are the maximum over the workers (or the PS
@@ -26,7 +28,7 @@ from typing import Optional
 import numpy as np
 
 from hybrid import modes
-from hybrid._ext.cluster_state import KIND_NAMES
+from hybrid._ext.cluster_state import KIND_NAMES, UPDATE_KINDS
 from hybrid.config import Config, Mode
 from hybrid.data.store import BatchStore
 from hybrid.projection.time_model import Load
@@ -95,7 +97,8 @@ class _Iteration:
         groups = {"pull": blocking, "writeback": of("writeback"), "check": of("version_check"),
                   "prefetch": ahead, "push": of(*{n for op in PUSH_OPERATIONS for n in op})}
         figures = {"samples": np.bincount(allocation, minlength=self.n_workers).max(),
-                   "p2p_rows": self._per_worker(of("p2p"), worker).max()}
+                   "p2p_rows": self._per_worker(of("p2p"), worker).max(),
+                   "update_rows": self._per_worker(of(*UPDATE_KINDS), worker).max()}
         for name, mask in groups.items():
             figures[f"{name}_rows"] = self._per_worker(mask, worker).max()
             figures[f"ps_{name}_rows"] = self._per_shard(mask, row).max()
@@ -149,12 +152,13 @@ def loads(config: Config, store: BatchStore, mode: Mode, *, iterations: int = 0,
     while True:
         observing[0], start = 0.0, time.perf_counter()
         plan = next(plans, None)
+        seconds = time.perf_counter() - start - observing[0]
         if plan is None:
             break
         figures = iteration.figures(plan.allocation)
         if plan.step >= config.scheduler.warmup_iterations:
             sums.add(figures)
-            scheduling += time.perf_counter() - start - observing[0]
+            scheduling += seconds
     if not sums.iterations:
         raise ValueError(f"no iteration after scheduler.warmup_iterations={config.scheduler.warmup_iterations} "
                          f"in {length}: use more data or a shorter warm-up")

@@ -101,6 +101,7 @@ class Profile:
 
     ``op_ms`` and ``row_ms``: one store operation to one PS rank, and each
     of its rows, on the worker's side (issue, routing, staging, completion);
+    ``update_row_ms``: each trained row's update in the worker's cache;
     ``sample_ms``: compute per sample on one core or device, ``compute_ms``
     per iteration besides; ``data_sample_ms``: staging the inputs per
     sample; ``allreduce_ms``: the allreduce stage's own calls, besides its
@@ -114,6 +115,7 @@ class Profile:
     op_ms: float
     row_ms: float
     sample_ms: float
+    update_row_ms: float = 0.0
     compute_ms: float = 0.0
     data_sample_ms: float = 0.0
     allreduce_ms: float = 0.0
@@ -164,7 +166,8 @@ class Load:
     (``pull_rows``), written back there (``writeback_rows``), version
     checks there (``check_rows``, HET; ``CHECK_BYTES`` each), received
     from peers (``p2p_rows``), read ahead for the next iteration
-    (``prefetch_rows``), written in ``push`` (``push_rows``); the
+    (``prefetch_rows``), written in ``push`` (``push_rows``), updated in
+    its cache in ``push`` (``update_rows``: every row it trained); the
     operations those take, one per PS rank each reaches (``pull_ops``,
     ``push_ops``). Per PS rank the busiest one's rows of each kind, summed
     over the workers (``ps_*``). ``row_bytes``: a row on the wire (its id
@@ -179,6 +182,7 @@ class Load:
     p2p_rows: float = 0.0
     prefetch_rows: float = 0.0
     push_rows: float = 0.0
+    update_rows: float = 0.0
     pull_ops: float = 0.0
     push_ops: float = 0.0
     ps_pull_rows: float = 0.0
@@ -257,7 +261,8 @@ def stage_ms(load: Load, cluster: Cluster, profile: Profile) -> dict:
     pull = (load.pull_ops * profile.op_ms + rows_pulled * profile.row_ms) * share + max(reads, writes_back) \
         + max(0.0, ahead - compute - allreduce)
     writes = link_ms(load.push_rows * row, load.ps_push_rows * row, cluster)
-    push = (load.push_ops * profile.op_ms + load.push_rows * profile.row_ms) * share + max(0.0, writes - data)
+    push = (load.push_ops * profile.op_ms + load.push_rows * profile.row_ms
+            + load.update_rows * profile.update_row_ms) * share + max(0.0, writes - data)
     on_cpu = cluster.cores_per_host is not None
     schedule = profile.schedule_at(cluster.workers)
     stages = {"data": data, "pull": pull, "compute": compute, "allreduce": allreduce, "push": push,

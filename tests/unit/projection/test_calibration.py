@@ -13,10 +13,12 @@ def test_compute_is_a_fixed_cost_and_a_cost_per_sample_through_two_batches():
     assert per_sample == pytest.approx(0.05) and fixed == pytest.approx(0.8)
 
 
-def test_operations_and_rows_are_recovered_from_pull_and_push_stages():
-    op, row = 0.03, 0.0002
-    equations = [(ops, rows, ops * op + rows * row) for ops, rows in [(2, 700), (2, 350), (3, 900), (3, 420)]]
-    assert _fit_operations(equations) == pytest.approx((op, row))
+def test_operations_rows_and_updates_are_recovered_from_pull_and_push_stages():
+    op, row, update = 0.03, 0.0002, 0.0001
+    # pulls: operations and rows; pushes: vanilla writes the rows it updates, herald updates without writing
+    units = [(2, 700, 0), (2, 350, 0), (1, 900, 900), (1, 450, 450), (0, 0, 900), (0, 20, 450)]
+    equations = [(o, r, u, o * op + r * row + u * update) for o, r, u in units]
+    assert _fit_operations(equations) == pytest.approx((op, row, update))
 
 
 def test_a_fit_that_would_go_below_zero_leaves_that_cost_at_zero():
