@@ -1,7 +1,9 @@
 """``project``: a run's iteration on a cluster, from the time model (``hybrid.projection``, docs/projection.md).
 
 ``hybrid project --calibrate CONFIG --profile FILE`` measures this machine's
-costs and writes them; ``hybrid project CONFIG --profile FILE --workers N
+costs and writes them; ``hybrid project --validate CONFIG --profile FILE``
+trains cases the calibration did not see on this host and compares them
+with their predictions; ``hybrid project CONFIG --profile FILE --workers N
 --ps P ...`` predicts one iteration of the config's mode on the described
 cluster, stage by stage.
 """
@@ -14,6 +16,18 @@ from hybrid.cli.output import text_out
 
 
 def cmd_project(args) -> int:
+    if args.calibrate and args.validate:
+        raise ValueError("--calibrate writes a profile, --validate reads one: one at a time")
+    if args.validate:
+        from hybrid.projection.validation import ONE_HOST_CASES, format_table, validate
+
+        result = validate(args.config, args.profile, cases=args.cases.split(",") if args.cases else ONE_HOST_CASES,
+                          overrides=args.overrides, iterations=args.iterations or 300, repeats=args.repeats,
+                          say=lambda line: print(line, file=text_out(args)))
+        print(format_table(result), file=text_out(args))
+        if args.json:
+            print(json.dumps(result))
+        return 0
     if args.calibrate:
         from hybrid.projection.calibration import calibrate
 
@@ -67,7 +81,12 @@ def register(subparsers) -> None:
     p.add_argument("--profile", required=True, help="the calibration's file (written with --calibrate, read otherwise)")
     p.add_argument("--calibrate", action="store_true",
                    help="measure this machine's costs for CONFIG's model (runs hybrid bench train and plain)")
-    p.add_argument("--repeats", type=int, default=3, help="calibration: runs per case, alternating (default 3)")
+    p.add_argument("--validate", action="store_true",
+                   help="train the cases on this host (hybrid bench train) and compare them with the predictions")
+    p.add_argument("--cases", help="validation: comma-separated MODE[+KEY=VALUE...], the first the ratios' "
+                   "denominator (default: vanilla, herald and het with 3 workers, herald and het with 2)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="calibration and validation: runs per case, alternating (default 3)")
     p.add_argument("--iterations", type=int, default=0,
                    help="global batches counted (0: the run's); calibration: per run (0: 300)")
     p.add_argument("--workers", type=int, help="override cluster.workers")
