@@ -182,7 +182,7 @@ def run(*, workloads=tuple(WORKLOADS), modes=("vanilla", "herald"), shape: LinkS
     for workload in chosen:
         prepare(workload, say)
     ranks = max(_ranks(w, overrides) for w in chosen)
-    env = {**_one_machine(ranks), **(env or {})}
+    env = {**one_machine_env(ranks), **(env or {})}
     summaries: dict = {(w.name, m): [] for w in chosen for m in modes}
     with EmulatedHosts(ranks, shape) as hosts:
         say(f"{ranks} emulated hosts, links {shape.label()}; launch/mpirun.sh --tcp {' '.join(hosts.mpirun_args())}")
@@ -206,7 +206,7 @@ def run(*, workloads=tuple(WORKLOADS), modes=("vanilla", "herald"), shape: LinkS
     return result
 
 
-def _one_machine(ranks: int) -> dict:
+def one_machine_env(ranks: int) -> dict:
     """Every emulated host shares this machine's cores, which MPI cannot see across namespaces: say so.
 
     Each rank then decides how to wait as if its host held all ``ranks``
@@ -225,7 +225,7 @@ def run_ps(*, shape: LinkShape = LinkShape(), dims=(16, 128, 512), say=print) ->
     with EmulatedHosts(2, shape) as hosts:
         argv = [sys.executable, "-m", "hybrid", "bench", "ps", "--dims", ",".join(map(str, dims)), "--json"]
         say(f"2 emulated hosts, links {shape.label()}")
-        env = _one_machine(2)
+        env = one_machine_env(2)
         result = _run(_mpirun(hosts, 2, argv, env), env, RUN_TIMEOUT_S)
         if result.returncode != 0:
             raise RuntimeError(f"bench ps failed with exit {result.returncode}:\n{result.stderr[-3000:]}")
@@ -242,7 +242,7 @@ def run_sharding(*, shape: LinkShape = LinkShape(), out: Path, iterations: int =
         argv = [sys.executable, "-m", "hybrid", "bench", "sharding", "--iterations", str(iterations),
                 "--out", str(Path(out).resolve())]
         say(f"5 emulated hosts (1 worker + 4 PS ranks), links {shape.label()}")
-        env = _one_machine(5)
+        env = one_machine_env(5)
         result = _run(_mpirun(hosts, 5, argv, env), env, RUN_TIMEOUT_S)
         if result.returncode != 0:
             raise RuntimeError(f"bench sharding failed with exit {result.returncode}:\n{result.stderr[-3000:]}")

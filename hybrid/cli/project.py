@@ -31,8 +31,11 @@ def cmd_project(args) -> int:
     if args.calibrate:
         from hybrid.projection.calibration import calibrate
 
+        from hybrid.bench.emulated_hosts import LinkShape
+
+        link = None if args.across_hosts is None else LinkShape(None if args.across_hosts == "none" else args.across_hosts)
         written = calibrate(args.config, args.overrides, iterations=args.iterations or 300, repeats=args.repeats,
-                            say=lambda line: print(line, file=text_out(args)))
+                            link=link, say=lambda line: print(line, file=text_out(args)))
         Path(args.profile).parent.mkdir(parents=True, exist_ok=True)
         Path(args.profile).write_text(json.dumps(written, indent=1) + "\n")
         print(f"profile of {written['config']} on this machine written to {args.profile}: "
@@ -81,6 +84,9 @@ def register(subparsers) -> None:
     p.add_argument("--profile", required=True, help="the calibration's file (written with --calibrate, read otherwise)")
     p.add_argument("--calibrate", action="store_true",
                    help="measure this machine's costs for CONFIG's model (runs hybrid bench train and plain)")
+    p.add_argument("--across-hosts", metavar="RATE",
+                   help="calibration: run the one-worker loops across two emulated hosts joined by a link of RATE "
+                        "as tc writes it (1gbit), or none for unshaped (root; default: on this host)")
     p.add_argument("--validate", action="store_true",
                    help="train the cases on this host (hybrid bench train) and compare them with the predictions")
     p.add_argument("--cases", help="validation: comma-separated MODE[+KEY=VALUE...], the first the ratios' "

@@ -6,7 +6,9 @@ Measured from runs that no validation case predicts (docs/projection.md):
    ``hybrid bench plain``) at the config's batch per worker and half of it:
    a fixed cost per iteration and a cost per sample;
 2. the loop's own costs: vanilla and herald with one worker and one PS
-   rank on this host (``hybrid bench train``) at the same two batches. Their
+   rank at the same two batches, on this host (``hybrid bench train``) or,
+   for a cluster whose store operations cross a network, across two
+   emulated hosts (``link``, as ``hybrid bench e2e`` runs them). Their
    pull and push stages against the operations, rows and updated rows their
    loads count give the cost of an operation, of a row and of a row's update
    in the cache (least squares, none below zero); their data stage per
@@ -30,11 +32,12 @@ import platform
 import statistics
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
 from hybrid.bench import train_bench
+from hybrid.bench.emulated_hosts import LinkShape
 from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore
 from hybrid.projection.loads import loads
@@ -113,18 +116,56 @@ def shared_cores(config_path: str, overrides: list[str], *, processes: int, iter
     return tuple(shares)
 
 
-def calibrate(config_path: str, overrides=(), *, iterations: int = 300, repeats: int = 3,
-              say: Callable[[str], None] = print) -> dict:
-    """Measure the profile; returns ``{"profile": ..., "machine": ..., "measured": ...}`` (what is written)."""
-    overrides = list(overrides)
-    config = load_config(config_path, overrides)
-    batches = _batches(config.train.batch_per_worker)
-    result = train_bench.run(config_path=config_path, sizes=("smoke",), modes=(FLOOR, *LOOPS), iterations=iterations,
+def _loops_here(config_path: str, overrides: list, batches, iterations: int, repeats: int, say, *,
+                loops: bool = True) -> tuple:
+    """(the floor's rows, the loops' rows: none without ``loops``) of one ``hybrid bench train`` on this host."""
+    modes = (FLOOR, *LOOPS) if loops else (FLOOR,)
+    result = train_bench.run(config_path=config_path, sizes=("smoke",), modes=modes, iterations=iterations,
                              repeats=repeats, overrides=overrides, batches=batches, progress=say)
     if result["failed"]:
         raise RuntimeError(f"calibration runs failed: {result['failed']}")
-    floor = [r for r in result["cases"] if r["mode"] == FLOOR]
-    loop = [r for r in result["cases"] if r["mode"] in LOOPS]
+    return ([r for r in result["cases"] if r["mode"] == FLOOR], [r for r in result["cases"] if r["mode"] in LOOPS])
+
+
+def _loops_across_hosts(config_path: str, overrides: list, batches, iterations: int, repeats: int,
+                        link: LinkShape, say) -> list[dict]:
+    """The loops' rows, each rank on an emulated host of its own joined by ``link`` (root), medians of repeats:
+    the store's operations cost there what a message over TCP costs, not what shared memory does."""
+    from hybrid.bench import e2e_bench
+    from hybrid.bench.emulated_hosts import EmulatedHosts
+
+    runs: dict = {}
+    with EmulatedHosts(2, link) as hosts:
+        for repeat in range(repeats):
+            for batch in batches:
+                for case in LOOPS:
+                    mode = case.split("+")[0]
+                    workload = e2e_bench.Workload("calibration", str(Path(config_path).resolve()),
+                                                  (*overrides, "cluster.workers=1", "cluster.ps=1",
+                                                   f"train.batch_per_worker={batch}"), iterations)
+                    summary = e2e_bench.train_once(hosts, workload, mode, e2e_bench.one_machine_env(2), [])
+                    summary["iteration_ms"].setdefault("other", train_bench.other_ms_of(summary))
+                    runs.setdefault((case, batch), []).append(summary["iteration_ms"])
+                    say(f"repeat {repeat + 1}/{repeats} b{batch} {case} across 2 emulated hosts ({link.label()}): "
+                        f"{summary['throughput']:.0f} samples/s")
+    return [{"mode": case, "batch_per_worker": batch,
+             "iteration_ms": {k: statistics.median(ms[k] for ms in per_run) for k in per_run[0]}}
+            for (case, batch), per_run in runs.items()]
+
+
+def calibrate(config_path: str, overrides=(), *, iterations: int = 300, repeats: int = 3,
+              link: Optional[LinkShape] = None, say: Callable[[str], None] = print) -> dict:
+    """Measure the profile; returns ``{"profile": ..., "machine": ..., "measured": ...}`` (what is written).
+
+    ``link``: the loops run across two emulated hosts joined by it (as root; for a cluster whose store
+    operations cross a network), else on this host.
+    """
+    overrides = list(overrides)
+    config = load_config(config_path, overrides)
+    batches = _batches(config.train.batch_per_worker)
+    floor, loop = _loops_here(config_path, overrides, batches, iterations, repeats, say, loops=link is None)
+    if link is not None:
+        loop = _loops_across_hosts(config_path, overrides, batches, iterations, repeats, link, say)
     compute_ms, sample_ms = _fit_compute(floor)
     store = BatchStore.of(config.data, "train")
     equations, per_sample, fixed = [], [], {"allreduce": [], "barrier": [], "other": []}
@@ -150,11 +191,12 @@ def calibrate(config_path: str, overrides=(), *, iterations: int = 300, repeats:
                       allreduce_ms=statistics.mean(fixed["allreduce"]), barrier_ms=statistics.mean(fixed["barrier"]),
                       other_ms=statistics.mean(fixed["other"]), shares=shares)
     return {"profile": asdict(profile), "config": config.name, "overrides": overrides,
+            "loops_link": None if link is None else link.label(),
             "machine": {"cpu": platform.processor() or platform.machine(), "cores": cores,
                         "python": platform.python_version()},
             "measured": {"iterations": iterations, "repeats": repeats, "batches": list(batches),
                          "floor_ms": {r["batch_per_worker"]: r["iteration_ms"]["compute"] for r in floor},
-                         "loop_ms": {r["batch_per_worker"]: r["iteration_ms"] for r in loop},
+                         "loop_ms": {f"{r['mode']} b{r['batch_per_worker']}": r["iteration_ms"] for r in loop},
                          "stage_equations": [list(e) for e in equations]}}
 
 

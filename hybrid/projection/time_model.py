@@ -129,6 +129,15 @@ class Profile:
         if negative:
             raise ValueError(f"profile costs must be >= 0: {', '.join(negative)}")
 
+    def slower(self, factor: float) -> "Profile":
+        """This profile on a machine ``factor`` times slower (every CPU cost; the shares are ratios already)."""
+        costs = {f.name: getattr(self, f.name) * factor for f in fields(self) if f.name not in ("schedule_ms", "shares")}
+        return Profile(**costs, schedule_ms=tuple((w, ms * factor) for w, ms in self.schedule_ms), shares=self.shares)
+
+    def floor_ms(self, samples: float) -> float:
+        """The floor's ms per iteration at ``samples`` per iteration, as calibrated."""
+        return self.compute_ms + samples * self.sample_ms
+
     def schedule_at(self, workers: int) -> float:
         """The scheduler's ms per global batch at ``workers`` (0 when not calibrated)."""
         return _interpolate(self.schedule_ms, workers) if self.schedule_ms else 0.0

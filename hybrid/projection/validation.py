@@ -2,7 +2,11 @@
 
 Each case (``MODE[+KEY=VALUE...]``, as ``hybrid bench train`` names them) is
 trained on this host by ``hybrid bench train`` (interleaved, medians of the
-repeats) and predicted from the profile and its own loads; reported per
+repeats) and predicted from the profile and its own loads. The floor runs
+among them: this machine's speed drifts by tens of percent within an hour,
+so every CPU cost of the profile is scaled by the floor's ms per iteration
+now over the floor's at calibration (``speed``; the floor is a measure of
+the machine, not a case predicted). Reported per
 case: measured and predicted ms per iteration, per stage and in total, the
 relative error, and each case's throughput over the first case's, measured
 (the median of per-repeat ratios) and predicted. The emulated-host cases
@@ -17,7 +21,7 @@ from typing import Callable
 from hybrid.bench import case_overrides, train_bench
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
-from hybrid.projection.calibration import read_profile
+from hybrid.projection.calibration import FLOOR, read_profile
 from hybrid.projection.prediction import predict
 from hybrid.projection.time_model import Cluster
 
@@ -46,17 +50,20 @@ def validate(config_path: str, profile_path: str, *, cases=ONE_HOST_CASES, overr
     """Measure and predict every case; the first is the ratios' denominator."""
     overrides, profile = list(overrides), read_profile(profile_path)
     cases = list(cases)
-    measured = train_bench.run(config_path=config_path, sizes=("smoke",), modes=cases, iterations=iterations,
-                               repeats=repeats, overrides=overrides, progress=say)
+    measured = train_bench.run(config_path=config_path, sizes=("smoke",), modes=(FLOOR, *cases),
+                               iterations=iterations, repeats=repeats, overrides=overrides, progress=say)
     if measured["failed"]:
         raise RuntimeError(f"validation runs failed: {measured['failed']}")
     rows = {r["mode"]: r for r in measured["cases"]}
+    batch = load_config(config_path, overrides).train.batch_per_worker
+    speed = rows[FLOOR]["iteration_ms"]["compute"] / profile.floor_ms(batch)
+    profile = profile.slower(speed)
     cores = os.cpu_count() or 1
     out = []
     for case in cases:
         config = load_config(config_path, [*overrides, *case_overrides(case), f"train.iterations={iterations}"])
         predicted = predict(config, BatchStore.of(config.data, "train"), one_host(config, cores), profile,
-                            iterations=iterations)
+                            iterations=iterations)  # the scheduler: timed now, at the machine's speed now
         row = rows[case]
         out.append({"case": case, "global_batch": config.global_batch,
                     "measured_ms": round(1e3 * config.global_batch / row["samples_per_s"], 3),
@@ -72,12 +79,13 @@ def validate(config_path: str, profile_path: str, *, cases=ONE_HOST_CASES, overr
         case["measured_ratio"] = round(statistics.median(
             a / b for a, b in zip(case["runs_samples_per_s"], first["runs_samples_per_s"])), 3)
     return {"config": measured["config"], "profile": str(profile_path), "iterations": iterations, "repeats": repeats,
-            "cores": cores, "cases": out, **compare(out)}
+            "cores": cores, "speed": round(speed, 3), "cases": out, **compare(out)}
 
 
 def format_table(result: dict) -> str:
     lines = [f"{result['config']}: measured (hybrid bench train, median of {result['repeats']}) against predicted "
-             f"(profile {result['profile']}), ms per iteration",
+             f"(profile {result['profile']}, its costs x {result['speed']:.2f}: the floor now over then), ms per "
+             f"iteration",
              f"{'case':<28}{'measured':>10}{'predicted':>10}{'error':>8}{'ratio':>8}{'pred.':>8}"]
     for c in result["cases"]:
         lines.append(f"{c['case']:<28}{c['measured_ms']:>10.2f}{c['predicted_ms']:>10.2f}{c['error']:>8.1%}"

@@ -154,3 +154,12 @@ def test_more_rows_never_take_less_time_and_a_faster_link_never_more(pull, push,
         assert iteration_ms(grown, cluster, PROFILE) >= base - 1e-9
     quicker = Cluster(workers=workers, ps=4, workers_per_host=per_host, gbps=gbps * faster, latency_ms=0.01)
     assert iteration_ms(load, quicker, PROFILE) <= base + 1e-9
+
+
+def test_a_slower_machine_scales_every_cpu_cost_but_not_the_shares():
+    profile = Profile(op_ms=0.1, row_ms=0.001, sample_ms=0.05, compute_ms=2.0, schedule_ms=((3, 1.0),),
+                      shares=((2, 1.3),))
+    slow = profile.slower(1.5)
+    assert (slow.op_ms, slow.row_ms, slow.sample_ms, slow.compute_ms) == pytest.approx((0.15, 0.0015, 0.075, 3.0))
+    assert slow.schedule_ms == ((3, 1.5),) and slow.shares == ((2, 1.3),)
+    assert profile.floor_ms(128) == pytest.approx(2.0 + 6.4)

@@ -13,7 +13,8 @@ def test_errors_are_relative_to_the_measured_time_and_ratios_absolute():
 
 
 def test_the_table_lists_every_case_and_the_summary_line():
-    result = {"config": "w1-smoke", "repeats": 3, "profile": "p.json", "median_error": 0.05, "max_error": 0.08,
+    result = {"config": "w1-smoke", "repeats": 3, "profile": "p.json", "speed": 1.1, "median_error": 0.05,
+              "max_error": 0.08,
               "max_ratio_error": 0.04,
               "cases": [{"case": "vanilla+cluster.workers=3", "measured_ms": 18.5, "predicted_ms": 18.0,
                          "error": -0.027, "measured_ratio": 1.0, "predicted_ratio": 1.0}]}
