@@ -25,7 +25,7 @@ The loop's stages (docs/design.md section 11) and what each one waits for:
 
 CPU workers whose ranks share cores do all their CPU work (every stage but
 the bytes on the links) slower by the share measured on the machine
-(``Profile.shares``: the floor in several processes at once), or by
+(``Profile.shares``: the floor in several processes in step), or by
 ``busy ranks / cores`` where it was not measured.
 
 Bytes over the links: every worker of a host moves its rows through that
@@ -35,10 +35,8 @@ paid twice per round trip. With every rank on one host there is no link:
 the operations' own costs, calibrated on that host, are the whole cost.
 
 BSP: an iteration lasts as long as its busiest worker, so ``Load`` holds
-the busiest worker's rows and the busiest PS rank's; the scheduler runs
-ahead of training and sets the pace only when a global batch takes it longer
-than the iteration. The model and its inputs are described in
-docs/projection.md.
+the busiest worker's rows and the busiest PS rank's. The model and its
+inputs are described in docs/projection.md.
 """
 from __future__ import annotations
 
