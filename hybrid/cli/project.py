@@ -33,7 +33,8 @@ def cmd_project(args) -> int:
 
         from hybrid.bench.emulated_hosts import LinkShape
 
-        link = None if args.across_hosts is None else LinkShape(None if args.across_hosts == "none" else args.across_hosts)
+        rate = args.across_hosts
+        link = None if rate is None else LinkShape(None if rate == "none" else rate)
         written = calibrate(args.config, args.overrides, iterations=args.iterations or 300, repeats=args.repeats,
                             link=link, say=lambda line: print(line, file=text_out(args)))
         Path(args.profile).parent.mkdir(parents=True, exist_ok=True)

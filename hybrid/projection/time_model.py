@@ -122,14 +122,18 @@ class Profile:
     schedule_ms: tuple = ()  # ((workers, ms per global batch), ...)
     shares: tuple = ()  # ((busy processes, slowdown), ...)
 
+    def _costs(self) -> dict:
+        """The costs in milliseconds (all but the tables of the scheduler's time and of the shares)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("schedule_ms", "shares")}
+
     def __post_init__(self):
-        negative = [f.name for f in fields(self) if f.name not in ("schedule_ms", "shares") and getattr(self, f.name) < 0]
+        negative = [name for name, value in self._costs().items() if value < 0]
         if negative:
             raise ValueError(f"profile costs must be >= 0: {', '.join(negative)}")
 
     def slower(self, factor: float) -> "Profile":
         """This profile on a machine ``factor`` times slower (every CPU cost; the shares are ratios already)."""
-        costs = {f.name: getattr(self, f.name) * factor for f in fields(self) if f.name not in ("schedule_ms", "shares")}
+        costs = {name: value * factor for name, value in self._costs().items()}
         return Profile(**costs, schedule_ms=tuple((w, ms * factor) for w, ms in self.schedule_ms), shares=self.shares)
 
     def floor_ms(self, samples: float) -> float:

@@ -1,5 +1,4 @@
 """The validation's errors and ratios, from measured and predicted cases."""
-import pytest
 
 from hybrid.cli import main
 from hybrid.projection.validation import compare, format_table
