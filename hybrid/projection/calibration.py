@@ -57,12 +57,10 @@ def _batches(batch: int) -> tuple[int, int]:
     return half, batch
 
 
-def _fit_compute(floor_rows: list[dict]) -> tuple[float, float]:
-    """(fixed ms per iteration, ms per sample) through the floor's two batch sizes."""
-    x = np.array([r["batch_per_worker"] for r in floor_rows], dtype=float)
-    y = np.array([r["iteration_ms"]["compute"] for r in floor_rows])
-    slope, fixed = np.polyfit(x, y, 1)
-    return max(0.0, float(fixed)), max(0.0, float(slope))
+def _compute_of(fit: dict) -> tuple[float, float]:
+    """(fixed ms per iteration, ms per sample) of the floor from ``hybrid bench train``'s fit of its compute
+    stage over the batch sizes (``train_bench.fits``), neither below zero."""
+    return max(0.0, fit["fixed_ms"]), max(0.0, fit["per_unit_us"] / 1000)
 
 
 def _fit_operations(equations: list[tuple]) -> tuple:
@@ -118,13 +116,15 @@ def shared_cores(config_path: str, overrides: list[str], *, processes: int, iter
 
 def _loops_here(config_path: str, overrides: list, batches, iterations: int, repeats: int, say, *,
                 loops: bool = True) -> tuple:
-    """(the floor's rows, the loops' rows: none without ``loops``) of one ``hybrid bench train`` on this host."""
+    """(the floor's rows, the loops' rows: none without ``loops``, the floor's compute fitted over the batches)
+    of one ``hybrid bench train`` on this host."""
     modes = (FLOOR, *LOOPS) if loops else (FLOOR,)
     result = train_bench.run(config_path=config_path, sizes=("smoke",), modes=modes, iterations=iterations,
                              repeats=repeats, overrides=overrides, batches=batches, progress=say)
     if result["failed"]:
         raise RuntimeError(f"calibration runs failed: {result['failed']}")
-    return ([r for r in result["cases"] if r["mode"] == FLOOR], [r for r in result["cases"] if r["mode"] in LOOPS])
+    return ([r for r in result["cases"] if r["mode"] == FLOOR], [r for r in result["cases"] if r["mode"] in LOOPS],
+            result["fits"][f"{FLOOR} smoke"]["compute"])
 
 
 def _loops_across_hosts(config_path: str, overrides: list, batches, iterations: int, repeats: int,
@@ -163,10 +163,11 @@ def calibrate(config_path: str, overrides=(), *, iterations: int = 300, repeats:
     overrides = list(overrides)
     config = load_config(config_path, overrides)
     batches = _batches(config.train.batch_per_worker)
-    floor, loop = _loops_here(config_path, overrides, batches, iterations, repeats, say, loops=link is None)
+    floor, loop, floor_fit = _loops_here(config_path, overrides, batches, iterations, repeats, say,
+                                         loops=link is None)
     if link is not None:
         loop = _loops_across_hosts(config_path, overrides, batches, iterations, repeats, link, say)
-    compute_ms, sample_ms = _fit_compute(floor)
+    compute_ms, sample_ms = _compute_of(floor_fit)
     store = BatchStore.of(config.data, "train")
     equations, per_sample, fixed = [], [], {"allreduce": [], "barrier": [], "other": []}
     for row in loop:

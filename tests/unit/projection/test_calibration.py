@@ -3,14 +3,17 @@ import json
 
 import pytest
 
-from hybrid.projection.calibration import _batches, _fit_compute, _fit_operations, read_profile
+from hybrid.bench.train_bench import STAGES, fits
+from hybrid.projection.calibration import _batches, _compute_of, _fit_operations, read_profile
 
 
-def test_compute_is_a_fixed_cost_and_a_cost_per_sample_through_two_batches():
-    rows = [{"batch_per_worker": 64, "iteration_ms": {"compute": 4.0}},
-            {"batch_per_worker": 128, "iteration_ms": {"compute": 7.2}}]
-    fixed, per_sample = _fit_compute(rows)
+def test_compute_is_the_floor_s_fit_over_the_batches_in_ms_and_never_below_zero():
+    rows = [{"size": "smoke", "case": "plain+cluster.workers=1", "batch_per_worker": b,
+             "iteration_ms": {**dict.fromkeys(STAGES, 0.0), "compute": ms}, "rows_per_iteration": 0,
+             "outside_compute_ms": 0.0} for b, ms in ((64, 4.0), (128, 7.2))]
+    fixed, per_sample = _compute_of(fits(rows)["plain+cluster.workers=1 smoke"]["compute"])
     assert per_sample == pytest.approx(0.05) and fixed == pytest.approx(0.8)
+    assert _compute_of({"fixed_ms": -0.3, "per_unit_us": 60.0}) == (0.0, pytest.approx(0.06))
 
 
 def test_operations_rows_and_updates_are_recovered_from_pull_and_push_stages():
