@@ -654,8 +654,8 @@ class HybridTrainer:
         """The samples' rows [samples, tables, dim] from the iteration's rows ``leaf``, differentiably.
 
         On a CPU through ``index_select``: its backward is one ``index_add_`` in index order, the same sums
-        as ``embedding``'s, whose CPU backward adds row by row (0.4-0.5 ms more per iteration on W1
-        smoke, docs/benchmarks.md). On a GPU ``embedding``, whose backward sorts and does not depend on
+        as ``embedding``'s, whose CPU backward adds row by row (0.4-0.6 ms more for W1 smoke's forward and
+        backward alone; within the noise of whole runs here, docs/benchmarks.md). On a GPU ``embedding``, whose backward sorts and does not depend on
         the order of atomic adds.
         """
         import torch
