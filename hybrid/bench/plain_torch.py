@@ -24,7 +24,7 @@ from hybrid.config import EmbeddingOptimizer, load_config
 from hybrid.data.store import BatchStore
 from hybrid.lr_schedule import RateSchedule, set_rate
 from hybrid.models import build_model, dense_optimizer
-from hybrid.runtime.embedding_init import initial_rows
+from hybrid.runtime.embedding_init import fill_initial_rows
 
 WARMUP = 5
 
@@ -66,8 +66,11 @@ def train_plain(config, store: BatchStore, iterations: int, device: torch.device
     dtype = getattr(torch, config.model.precision.value)
     offsets = torch.from_numpy(store.table_offsets.astype(np.int64)).to(device)
     n_rows = int(store.cardinalities.sum())
-    table = torch.from_numpy(initial_rows(config.seed, np.arange(n_rows), config.model.embedding_dim,
-                                          np.dtype(config.model.precision.value))).to(device)
+    # filled in place: the whole table's temporaries would take several times its size (floors in step
+    # each hold one: hybrid.projection.calibration)
+    rows = np.empty((n_rows, config.model.embedding_dim), dtype=np.dtype(config.model.precision.value))
+    fill_initial_rows(rows, config.seed, 0, threads=1)
+    table = torch.from_numpy(rows).to(device)
     model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed).to(device)
     optimizer = dense_optimizer(config, model.parameters())
     rates = RateSchedule.of(config, store.num_batches(config.global_batch))

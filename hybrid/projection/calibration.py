@@ -18,7 +18,11 @@ Measured from runs that no validation case predicts (docs/projection.md):
    step (a barrier after every iteration, as BSP workers wait for each
    other), each one's ms per iteration over one alone run right before (the
    median of ``repeats`` such pairs: this machine's speed drifts within
-   minutes).
+   minutes);
+4. patient collectives: the runtime's sum of the MLP's bytes and its
+   barrier among 2 to ``2 x cores`` ranks waiting patiently, nothing else
+   running (``collective_probe``): workers whose ranks share cores pay
+   about one sleep per step of each.
 
 The scheduler's time per global batch is measured with each case's loads
 (``loads.loads``): it depends on the workers and the mode.
@@ -29,7 +33,11 @@ import json
 import multiprocessing
 import os
 import platform
+import queue
 import statistics
+import subprocess
+import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
@@ -37,10 +45,12 @@ from typing import Callable, Optional
 import numpy as np
 
 from hybrid.bench import train_bench
+from hybrid.bench.simulated import ensure_store
 from hybrid.bench.emulated_hosts import LinkShape
 from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore
 from hybrid.projection.loads import loads
+from hybrid.projection.prediction import mlp_bytes
 from hybrid.projection.time_model import Profile
 
 FLOOR = "plain+cluster.workers=1"
@@ -72,6 +82,9 @@ def _fit_operations(equations: list[tuple]) -> tuple:
     return tuple(float(c) for c in nnls(a, y)[0])
 
 
+FLOORS_TIMEOUT_S = 1800
+
+
 def _floor_in_step(config_path: str, overrides: list, iterations: int, barrier, results) -> None:
     """One of several floors in step (a spawned process): ms per iteration after the warm-up, into ``results``."""
     import torch
@@ -98,11 +111,20 @@ def shared_cores(config_path: str, overrides: list[str], *, processes: int, iter
                    for _ in range(k)]
         for process in running:
             process.start()
-        ms = [results.get(timeout=600) for _ in running]
+        ms, deadline = [], time.monotonic() + FLOORS_TIMEOUT_S
+        while len(ms) < k:
+            try:
+                ms.append(results.get(timeout=1.0))
+            except queue.Empty:
+                failed = [p.exitcode for p in running if p.exitcode not in (None, 0)]
+                if failed or time.monotonic() > deadline:  # the others would wait at the barrier for ever
+                    for process in running:
+                        process.terminate()
+                    why = (f"exit {failed[0]}" + (" (killed: out of memory? each holds the whole table)"
+                                                  if failed[0] == -9 else "")) if failed else "timed out"
+                    raise RuntimeError(f"a floor of {k} in step failed: {why}")
         for process in running:
             process.join()
-            if process.exitcode != 0:
-                raise RuntimeError(f"a floor in step failed (exit {process.exitcode})")
         return statistics.median(ms)
 
     shares = []
@@ -112,6 +134,29 @@ def shared_cores(config_path: str, overrides: list[str], *, processes: int, iter
         say(f"shared cores: {k} processes in step, each {shares[-1][1]:.2f}x the time of one alone "
             f"(pairs: {', '.join(f'{r:.2f}' for r in ratios)})")
     return tuple(shares)
+
+
+def patient_collectives(n_bytes: int, *, processes: int, repeats: int, say: Callable[[str], None]) -> tuple:
+    """((workers, allreduce ms, barrier ms), ...) for 2 .. ``processes`` ranks waiting patiently in the runtime's
+    collectives (``collective_probe``, under ``launch/mpirun.sh``), each the median over ``repeats`` runs."""
+    root = Path(__file__).resolve().parents[2]
+    points = []
+    for k in range(2, processes + 1):
+        runs = []
+        for _ in range(repeats):
+            done = subprocess.run(["bash", str(root / "launch" / "mpirun.sh"), "-n", str(k), sys.executable, "-m",
+                                   "hybrid.projection.collective_probe", "--bytes", str(n_bytes)],
+                                  capture_output=True, text=True, timeout=300, cwd=root)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            if done.returncode != 0 or not lines:
+                raise RuntimeError(f"the collective probe on {k} ranks failed (exit {done.returncode}): "
+                                   f"{(done.stdout + done.stderr).strip()[-400:]}")
+            runs.append(json.loads(lines[-1]))
+        points.append((k, round(statistics.median(r["allreduce_ms"] for r in runs), 4),
+                       round(statistics.median(r["barrier_ms"] for r in runs), 4)))
+        say(f"patient collectives: {k} workers, {n_bytes} bytes summed in {points[-1][1]:.3f} ms, barrier "
+            f"{points[-1][2]:.3f} ms (medians of {repeats})")
+    return tuple(points)
 
 
 def _loops_here(config_path: str, overrides: list, batches, iterations: int, repeats: int, say, *,
@@ -162,6 +207,7 @@ def calibrate(config_path: str, overrides=(), *, iterations: int = 300, repeats:
     """
     overrides = list(overrides)
     config = load_config(config_path, overrides)
+    ensure_store(config, say)
     batches = _batches(config.train.batch_per_worker)
     floor, loop, floor_fit = _loops_here(config_path, overrides, batches, iterations, repeats, say,
                                          loops=link is None)
@@ -186,11 +232,12 @@ def calibrate(config_path: str, overrides=(), *, iterations: int = 300, repeats:
     cores = os.cpu_count() or 1
     shares = shared_cores(config_path, overrides, processes=2 * cores, iterations=iterations, repeats=repeats,
                            say=say)
+    collectives = patient_collectives(mlp_bytes(config, store), processes=2 * cores, repeats=repeats, say=say)
     profile = Profile(op_ms=op_ms, row_ms=row_ms, update_row_ms=update_row_ms, sample_ms=sample_ms,
                       compute_ms=compute_ms,
                       data_sample_ms=statistics.mean(per_sample),
                       allreduce_ms=statistics.mean(fixed["allreduce"]), barrier_ms=statistics.mean(fixed["barrier"]),
-                      other_ms=statistics.mean(fixed["other"]), shares=shares)
+                      other_ms=statistics.mean(fixed["other"]), shares=shares, collectives=collectives)
     return {"profile": asdict(profile), "config": config.name, "overrides": overrides,
             "loops_link": None if link is None else link.label(),
             "machine": {"cpu": platform.processor() or platform.machine(), "cores": cores,
@@ -208,6 +255,7 @@ def read_profile(path) -> Profile:
         fields = data["profile"]
         fields["schedule_ms"] = tuple(map(tuple, fields.get("schedule_ms", ())))
         fields["shares"] = tuple(map(tuple, fields.get("shares", ())))
+        fields["collectives"] = tuple(map(tuple, fields.get("collectives", ())))
         return Profile(**fields)
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{path}: not a profile written by hybrid project --calibrate ({err})") from err

@@ -26,7 +26,9 @@ The loop's stages (docs/design.md section 11) and what each one waits for:
 CPU workers whose ranks share cores do all their CPU work (every stage but
 the bytes on the links) slower by the share measured on the machine
 (``Profile.shares``: the floor in several processes in step), or by
-``busy ranks / cores`` where it was not measured.
+``busy ranks / cores`` where it was not measured; and they wait in their
+two collectives patiently, each step of a collective lasting about one of
+the sleeps between tests (``Profile.collectives``, measured).
 
 Bytes over the links: every worker of a host moves its rows through that
 host's NIC, and every PS host's NIC carries what all workers move from and
@@ -51,11 +53,13 @@ STAGES = ("data", "pull", "compute", "allreduce", "push", "barrier", "other", "s
 class Cluster:
     """Where the ranks run and what connects them.
 
-    ``gbps``: each host's NIC, per direction; ``None``: every rank on one
-    host (no link). ``cores_per_host``: CPU workers only (``None`` for GPU
-    workers, whose compute does not share the host's cores).
-    ``one_machine``: the hosts are emulated on one machine (``hybrid bench
-    e2e``), whose ``cores_per_host`` cores every rank shares.
+    ``gbps``: each host's NIC, per direction; ``None``: no link to price
+    (every rank on one host; with ``one_machine``, unshaped emulated links,
+    whose cost is in the operations calibrated across them).
+    ``cores_per_host``: CPU workers only (``None`` for GPU workers, whose
+    compute does not share the host's cores). ``one_machine``: the hosts
+    are emulated on one machine (``hybrid bench e2e``), whose
+    ``cores_per_host`` cores every rank shares.
     """
 
     workers: int
@@ -82,14 +86,23 @@ class Cluster:
         return -(-self.workers // self.workers_per_host)
 
     @property
+    def patient(self) -> bool:
+        """Whether the workers wait patiently in their collectives (``hybrid.runtime.comm``): some worker's
+        host has more ranks than cores (on one host, or hosts emulated on one machine, every rank counts)."""
+        if self.cores_per_host is None:
+            return False
+        on_host = self.workers + self.ps if self.gbps is None or self.one_machine else self.workers_per_host
+        return on_host > self.cores_per_host
+
+    @property
     def busy_ranks(self) -> int:
         """Ranks computing on the cores a worker shares: the workers of its host (of all hosts on one
         machine), and on one machine the PS ranks when they serve messages (across links); one-sided
         operations leave the PS rank idle."""
-        if self.gbps is None:
-            return self.workers
         if self.one_machine:
             return self.workers + self.ps
+        if self.gbps is None:
+            return self.workers
         return min(self.workers, self.workers_per_host)
 
 
@@ -107,7 +120,10 @@ class Profile:
     ``schedule_ms``: the scheduler's time per global batch by worker count
     (interpolated in between, linearly beyond the largest); ``shares``: how
     much slower CPU work runs with that many busy processes on the
-    machine's cores, ``((processes, factor), ...)``.
+    machine's cores, ``((processes, factor), ...)``; ``collectives``: what
+    the workers' sum of the MLP and their barrier take when they wait
+    patiently (their ranks share cores) among that many workers, measured
+    alone (``collective_probe``), ``((workers, allreduce ms, barrier ms), ...)``.
     """
 
     op_ms: float
@@ -121,10 +137,12 @@ class Profile:
     other_ms: float = 0.0
     schedule_ms: tuple = ()  # ((workers, ms per global batch), ...)
     shares: tuple = ()  # ((busy processes, slowdown), ...)
+    collectives: tuple = ()  # ((workers, allreduce ms, barrier ms), ...)
 
     def _costs(self) -> dict:
-        """The costs in milliseconds (all but the tables of the scheduler's time and of the shares)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("schedule_ms", "shares")}
+        """The costs in milliseconds (all but the tables of the scheduler's time, shares and collectives)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("schedule_ms", "shares", "collectives")}
 
     def __post_init__(self):
         negative = [name for name, value in self._costs().items() if value < 0]
@@ -134,7 +152,8 @@ class Profile:
     def slower(self, factor: float) -> "Profile":
         """This profile on a machine ``factor`` times slower (every CPU cost; the shares are ratios already)."""
         costs = {name: value * factor for name, value in self._costs().items()}
-        return Profile(**costs, schedule_ms=tuple((w, ms * factor) for w, ms in self.schedule_ms), shares=self.shares)
+        return Profile(**costs, schedule_ms=tuple((w, ms * factor) for w, ms in self.schedule_ms), shares=self.shares,
+                       collectives=self.collectives)
 
     def floor_ms(self, samples: float) -> float:
         """The floor's ms per iteration at ``samples`` per iteration, as calibrated."""
@@ -151,6 +170,13 @@ class Profile:
         if not self.shares:
             return max(1.0, processes / cores)
         return max(1.0, _interpolate(((1, 1.0), *self.shares), processes))
+
+
+    def patient_collectives(self, workers: int) -> tuple:
+        """(allreduce ms, barrier ms) of ``workers`` waiting patiently, as measured (0 when not measured)."""
+        if workers <= 1 or not self.collectives:
+            return 0.0, 0.0
+        return tuple(_interpolate([(w, point[k]) for w, *point in self.collectives], workers) for k in (0, 1))
 
 
 def _interpolate(points, x: float) -> float:
@@ -263,7 +289,8 @@ def stage_ms(load: Load, cluster: Cluster, profile: Profile) -> dict:
     row, share = load.row_bytes, cpu_share(cluster, profile)
     data = load.samples * profile.data_sample_ms * share
     compute = (profile.compute_ms + load.samples * profile.sample_ms) * share
-    allreduce = profile.allreduce_ms * share + ring_ms(load, cluster)
+    waits = profile.patient_collectives(cluster.workers) if cluster.patient else (0.0, 0.0)
+    allreduce = profile.allreduce_ms * share + waits[0] + ring_ms(load, cluster)
     reads = link_ms((load.pull_rows + load.p2p_rows) * row + load.check_rows * CHECK_BYTES,
                     load.ps_pull_rows * row + load.ps_check_rows * CHECK_BYTES, cluster)
     writes_back = link_ms(load.writeback_rows * row, load.ps_writeback_rows * row, cluster)
@@ -277,7 +304,8 @@ def stage_ms(load: Load, cluster: Cluster, profile: Profile) -> dict:
     on_cpu = cluster.cores_per_host is not None
     schedule = profile.schedule_at(cluster.workers)
     stages = {"data": data, "pull": pull, "compute": compute, "allreduce": allreduce, "push": push,
-              "barrier": profile.barrier_ms * share + barrier_rounds_ms(cluster), "other": profile.other_ms * share,
+              "barrier": profile.barrier_ms * share + waits[1] + barrier_rounds_ms(cluster),
+              "other": profile.other_ms * share,
               "schedule": schedule * share if on_cpu else 0.0}
     stages["schedule_wait"] = 0.0 if on_cpu else max(0.0, schedule - sum(stages.values()))
     return stages

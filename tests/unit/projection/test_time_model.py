@@ -163,3 +163,21 @@ def test_a_slower_machine_scales_every_cpu_cost_but_not_the_shares():
     assert (slow.op_ms, slow.row_ms, slow.sample_ms, slow.compute_ms) == pytest.approx((0.15, 0.0015, 0.075, 3.0))
     assert slow.schedule_ms == ((3, 1.5),) and slow.shares == ((2, 1.3),)
     assert profile.floor_ms(128) == pytest.approx(2.0 + 6.4)
+
+
+def test_workers_sharing_cores_pay_the_measured_patient_collectives():
+    measured = Profile(**{**PROFILE.__dict__, "collectives": ((2, 0.7, 0.55), (4, 1.0, 0.8))})
+    load = Load(samples=128, row_bytes=72)
+    crowded = Cluster(workers=3, ps=1, workers_per_host=3, cores_per_host=2)  # 4 ranks on 2 cores
+    roomy = Cluster(workers=3, ps=1, workers_per_host=3, cores_per_host=8)
+    assert crowded.patient and not roomy.patient
+    assert not Cluster(workers=3, ps=1, workers_per_host=3).patient  # GPU workers: compute off the cores
+    assert Cluster(workers=2, ps=1, workers_per_host=1, gbps=1.0, cores_per_host=2, one_machine=True).patient
+    assert not Cluster(workers=4, ps=1, workers_per_host=2, gbps=1.0, cores_per_host=2).patient
+    share = cpu_share(crowded, measured)
+    stages, plain = stage_ms(load, crowded, measured), stage_ms(load, crowded, PROFILE)
+    assert stages["allreduce"] == pytest.approx(0.1 * share + 0.85)  # halfway between 2 and 4 workers
+    assert stages["barrier"] == pytest.approx(0.04 * share + 0.675)
+    assert (plain["allreduce"], plain["barrier"]) == pytest.approx((0.1 * share, 0.04 * share))  # not measured
+    one = Cluster(workers=1, ps=1, workers_per_host=1, cores_per_host=1)
+    assert stage_ms(load, one, measured)["allreduce"] == pytest.approx(0.1)  # one worker waits for nobody
