@@ -91,6 +91,12 @@ def _mpirun(hosts: EmulatedHosts, ranks: int, argv: list[str], env: dict) -> lis
             "-x", "PATH", "-x", "VIRTUAL_ENV", *forwarded, "-n", str(ranks), *argv]
 
 
+def run_across(hosts: EmulatedHosts, ranks: int, argv: list[str], env: dict,
+               timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """``argv`` on ``ranks`` ranks, one per emulated host (e.g. a micro-benchmark under MPI); output captured."""
+    return _run(_mpirun(hosts, ranks, argv, env), env, timeout)
+
+
 def _run(command: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
     """Run ``command`` in its own session; on any exception (Ctrl-C, SIGTERM, timeout) kill the whole session.
 

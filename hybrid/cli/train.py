@@ -44,6 +44,7 @@ def cmd_train(args) -> int:
         summary = job.run(config, log_path=args.log_jsonl, summary_path=args.summary_json,
                           progress=not args.no_progress, resume=args.resume, stop=stop, launch=launch)
         refusals.Free()
+        stop.raise_if_interrupted()  # a second signal whose interrupt was dropped (e.g. in a finalizer)
     except (Exception, KeyboardInterrupt) as err:
         if getattr(err, "at_start_up", False) and _refused_together(err, refusals):
             return EXIT_FAILURE

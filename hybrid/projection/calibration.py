@@ -22,7 +22,8 @@ Measured from runs that no validation case predicts (docs/projection.md):
 4. patient collectives: the runtime's sum of the MLP's bytes and its
    barrier among 2 to ``2 x cores`` ranks waiting patiently, nothing else
    running (``collective_probe``): workers whose ranks share cores pay
-   about one sleep per step of each.
+   about one sleep per step of each; with ``link``, one rank per emulated
+   host, where each step also crosses TCP.
 
 The scheduler's time per global batch is measured with each case's loads
 (``loads.loads``): it depends on the workers and the mode.
@@ -136,17 +137,26 @@ def shared_cores(config_path: str, overrides: list[str], *, processes: int, iter
     return tuple(shares)
 
 
-def patient_collectives(n_bytes: int, *, processes: int, repeats: int, say: Callable[[str], None]) -> tuple:
+def patient_collectives(n_bytes: int, *, processes: int, repeats: int, say: Callable[[str], None],
+                        link: Optional[LinkShape] = None) -> tuple:
     """((workers, allreduce ms, barrier ms), ...) for 2 .. ``processes`` ranks waiting patiently in the runtime's
-    collectives (``collective_probe``, under ``launch/mpirun.sh``), each the median over ``repeats`` runs."""
+    collectives (``collective_probe``), each the median over ``repeats`` runs: on this host (``launch/mpirun.sh``),
+    or with ``link`` one rank per emulated host joined by it (root), as the loops' calibration runs."""
     root = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, "-m", "hybrid.projection.collective_probe", "--bytes", str(n_bytes)]
     points = []
     for k in range(2, processes + 1):
         runs = []
         for _ in range(repeats):
-            done = subprocess.run(["bash", str(root / "launch" / "mpirun.sh"), "-n", str(k), sys.executable, "-m",
-                                   "hybrid.projection.collective_probe", "--bytes", str(n_bytes)],
-                                  capture_output=True, text=True, timeout=300, cwd=root)
+            if link is None:
+                done = subprocess.run(["bash", str(root / "launch" / "mpirun.sh"), "-n", str(k), *argv],
+                                      capture_output=True, text=True, timeout=300, cwd=root)
+            else:
+                from hybrid.bench import e2e_bench
+                from hybrid.bench.emulated_hosts import EmulatedHosts
+
+                with EmulatedHosts(k, link) as hosts:
+                    done = e2e_bench.run_across(hosts, k, argv, e2e_bench.one_machine_env(k), timeout=300)
             lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
             if done.returncode != 0 or not lines:
                 raise RuntimeError(f"the collective probe on {k} ranks failed (exit {done.returncode}): "
@@ -154,7 +164,8 @@ def patient_collectives(n_bytes: int, *, processes: int, repeats: int, say: Call
             runs.append(json.loads(lines[-1]))
         points.append((k, round(statistics.median(r["allreduce_ms"] for r in runs), 4),
                        round(statistics.median(r["barrier_ms"] for r in runs), 4)))
-        say(f"patient collectives: {k} workers, {n_bytes} bytes summed in {points[-1][1]:.3f} ms, barrier "
+        where = "this host" if link is None else f"emulated hosts, {link.label()}"
+        say(f"patient collectives ({where}): {k} workers, {n_bytes} bytes summed in {points[-1][1]:.3f} ms, barrier "
             f"{points[-1][2]:.3f} ms (medians of {repeats})")
     return tuple(points)
 
@@ -232,7 +243,8 @@ def calibrate(config_path: str, overrides=(), *, iterations: int = 300, repeats:
     cores = os.cpu_count() or 1
     shares = shared_cores(config_path, overrides, processes=2 * cores, iterations=iterations, repeats=repeats,
                            say=say)
-    collectives = patient_collectives(mlp_bytes(config, store), processes=2 * cores, repeats=repeats, say=say)
+    collectives = patient_collectives(mlp_bytes(config, store), processes=2 * cores, repeats=repeats, say=say,
+                                      link=link)
     profile = Profile(op_ms=op_ms, row_ms=row_ms, update_row_ms=update_row_ms, sample_ms=sample_ms,
                       compute_ms=compute_ms,
                       data_sample_ms=statistics.mean(per_sample),

@@ -24,6 +24,7 @@ class StopRequest:
 
     def __init__(self):
         self.signum: Optional[int] = None
+        self.interrupted: Optional[str] = None  # the second signal's message, once it came
         self._notify: Optional[Callable[[int], None]] = None
 
     def install(self) -> "StopRequest":
@@ -34,10 +35,23 @@ class StopRequest:
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self.signum is not None:
-            raise KeyboardInterrupt(f"{name} after {self.signal}")
+            self.interrupted = f"{name} after {self.signal}"
+            raise KeyboardInterrupt(self.interrupted)
         self.signum = signum
         if self._notify is not None:
             self._notify(signum)
+
+    def raise_if_interrupted(self) -> None:
+        """Raise the second signal's interrupt again if the handler's was lost.
+
+        Python runs a signal handler between any two bytecodes, also inside a
+        finalizer or a weakref callback, where an exception is printed as
+        "ignored" and dropped: the run would then go on to a graceful stop and
+        exit 0 (seen in tests/robustness/test_signals.py). The loop calls this
+        where it reads the stop request.
+        """
+        if self.interrupted is not None:
+            raise KeyboardInterrupt(self.interrupted)
 
     def forward(self, notify: Optional[Callable[[int], None]]) -> None:
         """Call ``notify(signum)`` at the first signal (at once if it came already); None stops forwarding.

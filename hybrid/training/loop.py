@@ -548,6 +548,7 @@ class HybridTrainer:
         told = []
         self.stop.forward(lambda signum: told.append(self.roles.tell_worker_0(self.stop.code(self.roles.rank))))
         while True:
+            self.stop.raise_if_interrupted()
             self.table.barrier()
             command = self.roles.world.bcast(None, root=0)
             if command["op"] == "end":
@@ -642,6 +643,7 @@ class HybridTrainer:
         with stages("push"):
             self.table.complete(*writes, *([ahead[0]] if ahead else []))  # ordering rule 2
         with stages("barrier"):
+            self.stop.raise_if_interrupted()
             mine = self.stop.code(self.roles.rank)
             if self.roles.worker == 0:
                 mine = max(mine, self.roles.stop_requests())  # a PS rank's, forwarded (see _serve)

@@ -120,14 +120,17 @@ def test_a_second_signal_interrupts_at_once_naming_the_rank(reference, tmp_path)
     def twice(process):
         victim = mpi_jobs.rank_pids(process.pid)[1]
         os.kill(victim, signal.SIGTERM)
-        time.sleep(0.05)
+        # soon: a fast machine ends the run's last iterations and its checkpoint within 50 ms of the first
+        # signal, and a second signal after the rank's run ended has nothing to interrupt
+        time.sleep(0.005)
         os.kill(victim, signal.SIGINT)
 
     status, seconds, output, checkpoints = _signalled(reference, tmp_path, lambda process, log: _logged(log) >= 12,
                                                       twice)
     assert status != 0 and seconds < 10, f"exit {status} after {seconds:.1f} s:\n{output}"
-    assert re.search(r"hybrid train: interrupted on rank 1 of 3 \(.+\) by SIGINT after SIGTERM; ending every rank",
-                     output), output
+    # both pending at once, Python handles the lower signal number first: either order is a second signal
+    assert re.search(r"hybrid train: interrupted on rank 1 of 3 \(.+\) by (SIGINT after SIGTERM|SIGTERM after SIGINT); "
+                     r"ending every rank", output), output
     assert "Traceback" not in output, output
 
 

@@ -24,6 +24,28 @@ def test_the_first_signal_is_noted_and_forwarded_once_a_second_interrupts(stop):
         os.kill(os.getpid(), signal.SIGINT)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped interrupt, as intended
+def test_a_second_signal_lost_in_a_finalizer_interrupts_where_the_loop_next_looks(stop):
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    def second_signal(_):
+        os.kill(os.getpid(), signal.SIGINT)  # its handler runs in this callback, whose exception Python drops
+
+    stop.raise_if_interrupted()  # nothing yet
+    os.kill(os.getpid(), signal.SIGTERM)
+    held = Held()
+    ref = weakref.ref(held, second_signal)  # noqa: F841 (the callback runs when held goes)
+    del held
+    gc.collect()
+    assert stop.interrupted == "SIGINT after SIGTERM"
+    with pytest.raises(KeyboardInterrupt, match="SIGINT after SIGTERM"):
+        stop.raise_if_interrupted()
+
+
 def test_a_signal_before_forwarding_is_forwarded_when_it_starts(stop):
     os.kill(os.getpid(), signal.SIGUSR1)
     told = []
