@@ -51,21 +51,22 @@ fail() {
     exit 1
 }
 
-# preempt_and_resume NAME TEMPLATE SCANCEL_OPTION SIGNAL_SEEN LAUNCHED: signalled once 30 of its 150
-# iterations are logged (it stopped after 40-63 here), requeued, resumed to the end; both runs
-# launched as LAUNCHED says.
+# preempt_and_resume NAME TEMPLATE SCANCEL_OPTION SIGNAL_SEEN LAUNCHED: signalled once 30 of its 600
+# iterations are logged (looked at every 0.2 s: a 2-core AMD EPYC trains 150 of them in under a second,
+# so a run of 150 looked at every second had ended before the signal), requeued, resumed to the end;
+# both runs launched as LAUNCHED says.
 preempt_and_resume() {
-    local name=$1 template=$2 option=$3 seen=$4 launched=$5 id status=0 iterations=150
+    local name=$1 template=$2 option=$3 seen=$4 launched=$5 id status=0 iterations=600
     echo "== $template: SIGTERM ($option) mid-run, requeue, resume"
     timeout "$WAIT" sbatch --wait --parsable --ntasks=3 -o "$out/$name.out" "launch/slurm/$template" \
         configs/w1-smoke.yaml cluster.workers=2 "data.path=$work/store" train.batch_per_worker=16 "train.iterations=$iterations" \
         "train.checkpoint_dir=$out/ck-$name" > "$out/$name.id" &
     local submitter=$!
-    for _ in $(seq 1 "$WAIT"); do
+    for _ in $(seq 1 $((WAIT * 5))); do
         id=$(cat "$out/$name.id" 2>/dev/null || true)
         [ -n "$id" ] && [ -f "results/$id-0.jsonl" ] && [ "$(wc -l < "results/$id-0.jsonl")" -ge 30 ] && break
         kill -0 "$submitter" 2>/dev/null || fail "$template ended before it was signalled"
-        sleep 1
+        sleep 0.2
     done
     [ -n "$id" ] || fail "$template was not submitted"
     scancel -s TERM ${option:+"$option"} "$id"
