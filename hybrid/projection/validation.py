@@ -175,7 +175,8 @@ def _emulated(workload_name: str, profile_path: str, rate: Optional[str], cases:
 
 def format_table(result: dict) -> str:
     speeds = ", ".join(f"{group} x {speed:.2f}" for group, speed in result["speed"].items())
-    lines = [f"measured (medians of {result['repeats']}) against predicted, ms per iteration; the profiles' costs "
+    lines = [f"measured (medians of {result['repeats']} on one host, of {result.get('e2e_repeats', result['repeats'])} "
+             f"across emulated hosts) against predicted, ms per iteration; the profiles' costs "
              f"scaled by the floor now over then: {speeds}",
              f"{'group':<26}{'case':<56}{'measured':>10}{'predicted':>10}{'error':>8}{'ratio':>8}{'pred.':>8}"]
     for c in result["cases"]:
