@@ -68,11 +68,13 @@ class LinkShape:
         kernel's timers can refill it in, and the link would run slower
         than asked; up to 1 Gbit/s the bucket stays 256 KiB.
         """
+        bits_per_s = self.bits_per_s()
+        return BURST_BYTES if bits_per_s is None else max(BURST_BYTES, int(bits_per_s / 8 * 0.002))
+
+    def bits_per_s(self) -> Optional[float]:
+        """The rate in bit/s where it is written as ``[k|m|g]bit`` (None: unshaped, or another tc unit)."""
         match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmg]?)bit", (self.rate or "").lower())
-        if match is None:
-            return BURST_BYTES
-        bits_per_s = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
-        return max(BURST_BYTES, int(bits_per_s / 8 * 0.002))
+        return None if match is None else float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
 
 
 def _run(*argv: str) -> None:

@@ -23,7 +23,6 @@ against the group's first case.
 from __future__ import annotations
 
 import os
-import re
 import statistics
 from typing import Callable, Optional
 
@@ -45,13 +44,13 @@ E2E_CASES = ("vanilla", "herald", "herald+scheduler.scoring=cost+scheduler.order
 
 
 def rate_gbps(rate: Optional[str]) -> Optional[float]:
-    """A tc rate (``1gbit``, ``100mbit``) in Gbit/s; None (unshaped) stays None."""
-    if rate is None:
-        return None
-    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmg]?)bit", rate.lower())
-    if match is None:
+    """A tc rate (``1gbit``, ``100mbit``) in Gbit/s, as ``LinkShape`` reads it; None (unshaped) stays None."""
+    from hybrid.bench.emulated_hosts import LinkShape
+
+    bits_per_s = LinkShape(rate).bits_per_s()
+    if rate is not None and bits_per_s is None:
         raise ValueError(f"link rate {rate!r}: expected a tc rate such as 1gbit or 100mbit")
-    return float(match.group(1)) * {"": 1e-9, "k": 1e-6, "m": 1e-3, "g": 1.0}[match.group(2)]
+    return None if bits_per_s is None else bits_per_s / 1e9
 
 
 def one_host(config, cores: int) -> Cluster:
@@ -107,6 +106,16 @@ def _ratios(group: list[dict]) -> None:
         case["first"] = first is case
 
 
+def _case(case: str, group: str, config, measured: dict, predicted: dict) -> dict:
+    """One case's row: ``measured`` as ``hybrid bench train`` and ``hybrid bench e2e`` report a case (samples/s,
+    its runs', ms per stage), ``predicted`` as ``prediction.predict`` returns it."""
+    return {"case": case, "group": group, "global_batch": config.global_batch,
+            "measured_ms": round(1e3 * config.global_batch / measured["samples_per_s"], 3),
+            "predicted_ms": round(predicted["iteration_ms"], 3), "measured_stages": measured["iteration_ms"],
+            "predicted_stages": {k: round(v, 3) for k, v in predicted["stages"].items()},
+            "runs_samples_per_s": measured["samples_per_s_runs"]}
+
+
 def _one_host(config_path: str, profile_path: str, cases: list, overrides: list, iterations: int, repeats: int,
               say) -> tuple[list, float]:
     """The one-host cases measured and predicted, and the profile's speed factor then."""
@@ -125,13 +134,7 @@ def _one_host(config_path: str, profile_path: str, cases: list, overrides: list,
         config = load_config(config_path, [*overrides, *case_overrides(case), f"train.iterations={iterations}"])
         predicted = predict(config, BatchStore.of(config.data, "train"), one_host(config, cores), profile,
                             iterations=iterations)  # the scheduler: timed now, at the machine's speed now
-        row = rows[case]
-        out.append({"case": case, "global_batch": config.global_batch,
-                    "measured_ms": round(1e3 * config.global_batch / row["samples_per_s"], 3),
-                    "predicted_ms": round(predicted["iteration_ms"], 3),
-                    "measured_stages": row["iteration_ms"],
-                    "predicted_stages": {k: round(v, 3) for k, v in predicted["stages"].items()},
-                    "runs_samples_per_s": row["samples_per_s_runs"], "group": "one host"})
+        out.append(_case(case, "one host", config, rows[case], predicted))
     _ratios(out)
     return out, round(speed, 3)
 
@@ -162,13 +165,7 @@ def _emulated(workload_name: str, profile_path: str, rate: Optional[str], cases:
                           gbps=rate_gbps(rate), cores_per_host=cores, one_machine=True)
         predicted = predict(config, BatchStore.of(config.data, "train"), cluster, profile,
                             iterations=workload.iterations)
-        report = measured[case]
-        out.append({"case": case, "group": f"{workload_name} {shape.label()}", "global_batch": config.global_batch,
-                    "measured_ms": round(1e3 * config.global_batch / report["samples_per_s"], 3),
-                    "predicted_ms": round(predicted["iteration_ms"], 3),
-                    "measured_stages": report["iteration_ms"],
-                    "predicted_stages": {k: round(v, 3) for k, v in predicted["stages"].items()},
-                    "runs_samples_per_s": report["samples_per_s_runs"]})
+        out.append(_case(case, f"{workload_name} {shape.label()}", config, measured[case], predicted))
     _ratios(out)
     return out, round(speed, 3)
 
