@@ -24,5 +24,5 @@ def test_every_testbed_setting_has_a_source_and_every_workload_a_cache_that_hold
 
     for item in WORKLOADS:
         like = load_config(item.config).data.synthetic.like
-        rows = sum(max(32, round(t.cardinality * item.scale)) for t in PROFILES[like].tables)
+        rows = sum(t.scaled(item.scale) for t in PROFILES[like].tables)
         assert 0.1 * rows >= 256 * len(PROFILES[like].tables), item.name  # the start-up cache check
