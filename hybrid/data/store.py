@@ -266,6 +266,10 @@ class BatchStore:
         arrays = {name: _open_array(self.path / f"{name}.npy", shape, dtype)
                   for name, (shape, dtype) in _expected_arrays(self.meta).items()}
         self._sparse, self._dense, self._labels = arrays["sparse"], arrays["dense"], arrays["labels"]
+        # the same pages as plain arrays for the per-batch reads: slicing a np.memmap makes memmap objects
+        # (8.5 us per W1 smoke batch in gather against 5.8), on every worker's scheduler thread, whose
+        # interpreter-held time the training loop waits out (docs/benchmarks.md, issue 54)
+        self._batch_columns = tuple(a.view(np.ndarray) for a in (self._sparse, self._dense, self._labels))
         n = self.meta["n_samples"]
         if split not in ("all", "train", "validation", "test"):
             raise ValueError(f"split must be 'all', 'train', 'validation' or 'test', got {split!r}")
@@ -369,11 +373,12 @@ class BatchStore:
         contiguous = len(sample_ids) > 0 and sample_ids[-1] - sample_ids[0] == len(sample_ids) - 1 \
             and bool(np.all(np.diff(sample_ids) == 1))
         take = slice(int(sample_ids[0]), int(sample_ids[-1]) + 1) if contiguous else sample_ids
+        sparse, dense, labels = self._batch_columns
         return GlobalBatch(
             index=index,
-            sparse=np.array(self._sparse[take]),
-            dense=np.array(self._dense[take]),
-            labels=np.array(self._labels[take]),
+            sparse=np.array(sparse[take]),
+            dense=np.array(dense[take]),
+            labels=np.array(labels[take]),
             sample_ids=np.asarray(sample_ids, dtype=np.int64),
         )
 
