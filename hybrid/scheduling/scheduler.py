@@ -26,6 +26,21 @@ from hybrid.scheduling.plans import BatchPlan, PeerTransfer, StaleShare, Transfe
 from hybrid.scheduling.policy import SchedulePolicy, SchedulerError
 
 
+def let_the_loop_run() -> None:
+    """Release the interpreter lock for a moment, so that a thread waiting for it takes it now.
+
+    A worker's scheduler makes its plans in a thread beside the training
+    loop's backward pass (hybrid.scheduling.plan_producer), and that pass
+    takes the lock many times on its way, each time waiting for the run of
+    Python that holds it to end. Called between a plan's steps, it bounds
+    each wait by one step: with one worker on W1 smoke the backward pass
+    took 1.11-1.14 ms beside the scheduler, 1.05-1.07 with these releases
+    and 0.99 with no scheduler beside it (docs/benchmarks.md, issue 54).
+    Alone (the simulator) it costs a system call, about a microsecond.
+    """
+    time.sleep(0)
+
+
 class BatchStream:
     """The batches in order; with ``look_ahead``, the one after the next is read early for the allocation.
 
@@ -167,6 +182,7 @@ class Scheduler:
             return None
         (samples, index, rows, slots), events, rounds, sends = trained
         plan_push = self.state.worker_events(self.state.focus)["plan_push"]
+        let_the_loop_run()
         pull = events["pull"]
         early = pull["early"]
         return WorkerPlan(
@@ -234,11 +250,15 @@ class Scheduler:
             per_worker = self.state.worker_transmissions()
             digest = hashlib.sha256(alloc.tobytes())
             digest.update(int(self.state.event_digest).to_bytes(8, "little"))
+            let_the_loop_run()
             trained = self._trained()
             timing["state_update"] = time.perf_counter() - start
+            let_the_loop_run()
             upcoming = stream.next()
+            let_the_loop_run()
             if upcoming is not None:
                 next_rows, next_alloc = self._allocate(stream, upcoming, step + 1)
+                let_the_loop_run()
             else:
                 next_rows = next_alloc = None
             start = time.perf_counter()
@@ -248,8 +268,10 @@ class Scheduler:
             per_worker += self.state.worker_transmissions()
             digest.update(int(self.state.event_digest).to_bytes(8, "little"))
             shared = shared_rows(rows, alloc, self.state.n_workers) if self.sums_shared_rows else None
+            let_the_loop_run()
             work = self._work(trained, shared)
             timing["plan"] = time.perf_counter() - start
+            let_the_loop_run()
             counts = {k: counts[k] + planned[k] for k in KIND_NAMES} | dict.fromkeys(EXTRA_KINDS, 0)
             if shared is not None:
                 counts["shared_allreduce"] = len(shared)
