@@ -68,17 +68,22 @@ class Vanilla(TrainingMode):
         lr = self.embedding_lr
         gradients = np.ascontiguousarray(gradients)
         slots = np.asarray(work.slots, dtype=np.int32)
-        full = work.full_set
+        full, shared = work.full_set, work.accumulate
         for positions in (work.local, full):  # one pass each, rounding as NumPy's cache[...] -= lr * g[...]
-            row_kernels.sgd_rows(self.cache, slots, np.asarray(positions, dtype=np.int32), gradients, lr)
-        full_slots = slots[full]
-        writes = [self.table.put(work.rows[full], self.cache[full_slots]),
-                  self.table.put(work.plan_push.rows, self.cache[work.plan_push.slots])]
-        shared = work.accumulate
-        rows, deltas = work.rows[shared], -lr * gradients[shared]
-        if self.config.train.deterministic:
-            return writes + [self._accumulate_in_worker_order(rows, deltas, work)]
-        return writes + [self.table.accumulate(rows, deltas)]
+            if len(positions):
+                row_kernels.sgd_rows(self.cache, slots, np.asarray(positions, dtype=np.int32), gradients, lr)
+        # most of herald's iterations have no full-set rows, plan pushes or shared rows on a worker: no call
+        # (nor its arrays) for those, each a few microseconds of the loop's own (docs/benchmarks.md, issue 54)
+        writes = []
+        if len(full):
+            writes.append(self.table.put(work.rows[full], self.cache[slots[full]]))
+        if len(work.plan_push):
+            writes.append(self.table.put(work.plan_push.rows, self.cache[work.plan_push.slots]))
+        if self.config.train.deterministic:  # every worker takes every turn, with shared rows or without
+            return writes + [self._accumulate_in_worker_order(work.rows[shared], -lr * gradients[shared], work)]
+        if len(shared):
+            writes.append(self.table.accumulate(work.rows[shared], -lr * gradients[shared]))
+        return writes
 
     def _update_rowwise(self, work: WorkerPlan, gradients: np.ndarray) -> list:
         """Row-wise Adagrad: every row updated in the cache from its summed gradient (:meth:`reduce`); full-set and

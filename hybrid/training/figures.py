@@ -94,6 +94,14 @@ class Figures:
         for stage, seconds in plan.timing.items():
             sched[stage] = sched.get(stage, 0.0) + seconds
 
+    def merged(self, other: "Figures") -> "Figures":
+        """The figures of both sets of plans (e.g. a run's warm-up iterations and the rest)."""
+        def total(a: dict, b: dict) -> dict:
+            return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
+        return Figures(iterations=self.iterations + other.iterations, needed=self.needed + other.needed,
+                       busiest=self.busiest + other.busiest, by_kind=total(self.by_kind, other.by_kind),
+                       sched_seconds=total(self.sched_seconds, other.sched_seconds))
+
     def summary(self, timings: bool = True) -> dict:
         """The figures as a dict; without ``timings`` only what the plans' counts give (the same on every run)."""
         figures = {"pulls": self.pulls, "pushes": self.pushes, "p2p": self.p2p,

@@ -147,8 +147,15 @@ class RunState:
     flushed_rows: int = 0  # dirty rows copied to the PS for checkpoints and evaluations (not transmissions)
     restored_rows: int = 0  # cached rows read back from the PS when resuming (not transmissions)
     paused_seconds: float = 0.0  # spent on checkpoints and evaluations between iterations
-    figures: Figures = field(default_factory=Figures)  # of every iteration this run trained
-    counted: Figures = field(default_factory=Figures)  # of those after scheduler.warmup_iterations, as simulate counts
+    # the figures of the iterations this run trained before scheduler.warmup_iterations, and of those after
+    # it (as simulate counts): each plan is added once, the loop's own time (docs/benchmarks.md, issue 54)
+    warmup: Figures = field(default_factory=Figures)
+    counted: Figures = field(default_factory=Figures)
+
+    @property
+    def figures(self) -> Figures:
+        """The figures of every iteration this run trained."""
+        return self.warmup.merged(self.counted)
 
 
 class HybridTrainer:
@@ -398,9 +405,8 @@ class HybridTrainer:
             record.update(self._after(ready.plan, following is None, heldout, watchdog))
             self.run.paused_seconds += time.perf_counter() - paused
             log.append(record)
-            self.run.figures.add(ready.plan)
-            if ready.plan.step >= self.config.scheduler.warmup_iterations:
-                self.run.counted.add(ready.plan)
+            counted = ready.plan.step >= self.config.scheduler.warmup_iterations
+            (self.run.counted if counted else self.run.warmup).add(ready.plan)
             watchdog.beat()
             if on_step is not None:
                 on_step(record)
