@@ -16,7 +16,13 @@ into the stages the loop executes them in (docs/design.md section 11):
 An operation counts once per PS rank its rows reach (the store sends one
 per rank). Each stage's figures are the maximum over the workers (or the PS
 ranks) of that iteration, averaged over the iterations after the warm-up.
-FAE (its own scheduler, with replica iterations) is not modelled yet.
+
+FAE: its cold strips are vanilla's events; a hot iteration moves no row
+through the PS, updates the batch's hot rows (their union) in every
+worker's replica and sums their gradients in a second allreduce; a switch
+between strips reads the replica into every worker, or has worker 0 write
+it to the PS, in the pull stage (``hybrid.modes.fae``), and a new pair of
+strips first measures the held-out loss (``fae.heldout_samples``).
 """
 from __future__ import annotations
 
@@ -108,6 +114,32 @@ class _Iteration:
         return figures
 
 
+def _fae_figures(plan, iteration: _Iteration, hot_rows: np.ndarray, config: Config) -> dict:
+    """One FAE iteration's figures: a cold one's events (``iteration``) or a hot one's replica work, and the
+    switch that precedes it (docs/design.md section 7)."""
+    if plan.fae.kind == "cold":
+        figures = iteration.figures(plan.allocation)
+    else:
+        union = plan.counts["hot_allreduce"]
+        gradient_bytes = config.model.embedding_dim * np.dtype(config.model.precision.value).itemsize
+        figures = {"samples": np.bincount(plan.allocation, minlength=iteration.n_workers).max(),
+                   "update_rows": union, "hot_allreduces": 1, "hot_allreduce_bytes": union * gradient_bytes}
+    fae, shards = plan.fae, iteration.shards
+    per_shard = np.bincount(shards.shard_of(hot_rows), minlength=shards.n_shards)
+    reached = int((per_shard > 0).sum())
+    if fae.push_replicas:  # worker 0 writes every hot row
+        figures["writeback_rows"] = figures.get("writeback_rows", 0) + len(hot_rows)
+        figures["ps_writeback_rows"] = figures.get("ps_writeback_rows", 0) + per_shard.max()
+        figures["pull_ops"] = figures.get("pull_ops", 0) + reached
+    if fae.pull_replicas:  # every worker reads every hot row
+        figures["pull_rows"] = figures.get("pull_rows", 0) + len(hot_rows)
+        figures["ps_pull_rows"] = figures.get("ps_pull_rows", 0) + per_shard.max() * iteration.n_workers
+        figures["pull_ops"] = figures.get("pull_ops", 0) + reached
+    if fae.observe is not None:
+        figures["eval_samples"] = config.fae.heldout_samples
+    return figures
+
+
 def row_bytes(config: Config) -> int:
     """A row on the wire: the stored row (optimizer state included) and its id."""
     return config.row_bytes + ID_BYTES
@@ -131,9 +163,6 @@ def loads(config: Config, store: BatchStore, mode: Mode, *, iterations: int = 0,
     The scheduler runs as worker 0's does (its plans and the marks of what may be read ahead); the time
     spent reading the events out is not counted in ``schedule_ms``.
     """
-    if mode is Mode.fae:
-        raise ValueError("the time model does not cover FAE yet (its replica iterations); use vanilla, laia, plan, "
-                         "herald or het")
     length = iterations or modes.run_length(config, store)
     n_rows = int(store.cardinalities.sum())
     shards = shards or ShardPlan.contiguous(n_rows, config.cluster.ps)
@@ -146,7 +175,8 @@ def loads(config: Config, store: BatchStore, mode: Mode, *, iterations: int = 0,
         iteration.observe(scheduler.state)
         observing[0] += time.perf_counter() - start
 
-    scheduler.observe = observe
+    fae = mode is Mode.fae
+    (scheduler.cold if fae else scheduler).observe = observe  # FAE: its cold strips' scheduler
     sums, scheduling = _Sums(), 0.0
     plans = scheduler.plans(itertools.islice(batches, length))
     while True:
@@ -155,7 +185,8 @@ def loads(config: Config, store: BatchStore, mode: Mode, *, iterations: int = 0,
         seconds = time.perf_counter() - start - observing[0]
         if plan is None:
             break
-        figures = iteration.figures(plan.allocation)
+        figures = _fae_figures(plan, iteration, scheduler.hot_rows, config) if fae \
+            else iteration.figures(plan.allocation)
         if plan.step >= config.scheduler.warmup_iterations:
             sums.add(figures)
             scheduling += seconds

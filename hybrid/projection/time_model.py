@@ -208,7 +208,16 @@ class Load:
     operations those take, one per PS rank each reaches (``pull_ops``,
     ``push_ops``). Per PS rank the busiest one's rows of each kind, summed
     over the workers (``ps_*``). ``row_bytes``: a row on the wire (its id
-    included); ``mlp_bytes``: the gradients allreduced (FAE's hot rows too).
+    included); ``mlp_bytes``: the MLP's gradients allreduced.
+
+    FAE (means over its hot and cold iterations): ``hot_allreduces``, the
+    share of iterations that sum the hot rows' gradients in a second
+    allreduce of ``hot_allreduce_bytes`` (its mean per iteration); its
+    switches are rows like any other (the replica read into every worker
+    in ``pull_rows``, worker 0's write of it in ``writeback_rows``, both
+    in the pull stage, where the runtime does them); ``eval_samples``: the
+    held-out samples whose loss it measures between pairs of strips, a
+    forward pass each, also in the pull stage.
     """
 
     samples: float
@@ -228,9 +237,15 @@ class Load:
     ps_prefetch_rows: float = 0.0
     ps_push_rows: float = 0.0
     mlp_bytes: float = 0.0
+    hot_allreduces: float = 0.0
+    hot_allreduce_bytes: float = 0.0
+    eval_samples: float = 0.0
 
 
 CHECK_BYTES = 16  # a version check: the row's id out, its version back
+# a forward pass's share of a sample's forward, backward and step: the backward pass does twice the forward's
+# arithmetic (a gradient for both operands of every product), the step is small beside them
+FORWARD_SHARE = 1 / 3
 
 
 def transfer_ms(nbytes: float, gbps: Optional[float]) -> float:
@@ -260,15 +275,18 @@ def cpu_share(cluster: Cluster, profile: Profile) -> float:
 
 
 def ring_ms(load: Load, cluster: Cluster) -> float:
-    """A ring allreduce's bytes between hosts (inside a host memory moves them: the calls' cost covers it).
+    """Ring allreduces' bytes between hosts (inside a host memory moves them: the calls' cost covers it).
 
     Between ``h`` hosts a ring moves ``2 (h - 1) / h`` of the bytes through
-    each NIC in ``2 (h - 1)`` steps, each paying the link's latency.
+    each NIC in ``2 (h - 1)`` steps, each paying the link's latency: the
+    MLP's every iteration, FAE's hot rows in its share of iterations.
     """
     hosts = cluster.worker_hosts
     if cluster.gbps is None or hosts == 1:
         return 0.0
-    return transfer_ms(2 * (hosts - 1) / hosts * load.mlp_bytes, cluster.gbps) + 2 * (hosts - 1) * cluster.latency_ms
+    rings = 1 + load.hot_allreduces
+    return transfer_ms(2 * (hosts - 1) / hosts * (load.mlp_bytes + load.hot_allreduce_bytes), cluster.gbps) \
+        + rings * 2 * (hosts - 1) * cluster.latency_ms
 
 
 def barrier_rounds_ms(cluster: Cluster) -> float:
@@ -290,14 +308,16 @@ def stage_ms(load: Load, cluster: Cluster, profile: Profile) -> dict:
     data = load.samples * profile.data_sample_ms * share
     compute = (profile.compute_ms + load.samples * profile.sample_ms) * share
     waits = profile.patient_collectives(cluster.workers) if cluster.patient else (0.0, 0.0)
-    allreduce = profile.allreduce_ms * share + waits[0] + ring_ms(load, cluster)
+    calls = 1 + load.hot_allreduces  # FAE's hot rows: a second sum, its calls and patient wait as the MLP's
+    allreduce = calls * (profile.allreduce_ms * share + waits[0]) + ring_ms(load, cluster)
     reads = link_ms((load.pull_rows + load.p2p_rows) * row + load.check_rows * CHECK_BYTES,
                     load.ps_pull_rows * row + load.ps_check_rows * CHECK_BYTES, cluster)
     writes_back = link_ms(load.writeback_rows * row, load.ps_writeback_rows * row, cluster)
     ahead = link_ms(load.prefetch_rows * row, load.ps_prefetch_rows * row, cluster)
     rows_pulled = load.pull_rows + load.writeback_rows + load.check_rows + load.p2p_rows + load.prefetch_rows
-    pull = (load.pull_ops * profile.op_ms + rows_pulled * profile.row_ms) * share + max(reads, writes_back) \
-        + max(0.0, ahead - compute - allreduce)
+    evaluation = load.eval_samples * profile.sample_ms * FORWARD_SHARE
+    pull = (load.pull_ops * profile.op_ms + rows_pulled * profile.row_ms + evaluation) * share \
+        + max(reads, writes_back) + max(0.0, ahead - compute - allreduce)
     writes = link_ms(load.push_rows * row, load.ps_push_rows * row, cluster)
     push = (load.push_ops * profile.op_ms + load.push_rows * profile.row_ms
             + load.update_rows * profile.update_row_ms) * share + max(0.0, writes - data)

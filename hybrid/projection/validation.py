@@ -35,12 +35,11 @@ from hybrid.projection.time_model import Cluster
 
 # multi-worker runs on one host: the calibration runs one worker only
 ONE_HOST_CASES = ("vanilla+cluster.workers=3", "herald+cluster.workers=3", "het+cluster.workers=3",
-                  "vanilla+cluster.workers=2", "herald+cluster.workers=2", "het+cluster.workers=2")
+                  "fae+cluster.workers=3", "vanilla+cluster.workers=2", "herald+cluster.workers=2",
+                  "het+cluster.workers=2")
 
-
-# across emulated hosts: FAE is not modelled yet (its replica iterations: loads.py)
 E2E_CASES = ("vanilla", "herald", "herald+scheduler.scoring=cost+scheduler.order=confident",
-             "het+scheduler.staleness=0")
+             "het+scheduler.staleness=0", "fae")
 
 
 def rate_gbps(rate: Optional[str]) -> Optional[float]:

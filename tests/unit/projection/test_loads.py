@@ -2,6 +2,7 @@
 import pytest
 
 from hybrid.config import Mode, load_config
+from hybrid.data.synthetic import synthesize
 from hybrid.data.store import BatchStore
 from hybrid.projection.loads import loads, row_bytes
 from hybrid.training.simulator import simulate_mode
@@ -64,7 +65,22 @@ def test_a_row_on_the_wire_is_the_stored_row_and_its_id(criteo_like):
         == 17 * 4 + 8
 
 
-def test_fae_is_refused_until_the_model_covers_it(criteo_like):
-    config = _config(criteo_like, "scheduler.mode=fae")
-    with pytest.raises(ValueError, match="FAE"):
-        loads(config, BatchStore(criteo_like), Mode.fae, iterations=20)
+def test_fae_s_switches_and_hot_sums_are_the_rows_the_simulator_counts(tmp_path):
+    synthesize(tmp_path / "store", like="criteo-kaggle", rows=1000, scale=0.001, seed=4)  # most rows hot
+    config = _config(tmp_path / "store", "cluster.workers=1", "cluster.ps=1", "scheduler.mode=fae",
+                     "train.batch_per_worker=8", "cache.ratio=0.05", "scheduler.warmup_iterations=0",
+                     "data.test_fraction=0.1", "fae.budget_mb=0.03", "fae.small_table_kb=0",
+                     "fae.sample_fraction=0.5", "fae.heldout_samples=64")
+    store = BatchStore(tmp_path / "store")
+    counted, (load, iterations) = _figures(config, store, Mode.fae)
+    by_kind = {k: v / iterations for k, v in counted.by_kind.items()}
+    assert by_kind["hot_allreduce"] > 0 and by_kind["hot_pull"] > 0 and by_kind["hot_push"] > 0
+    # the replica read into the worker is pulled in the pull stage, worker 0's write of it written back there
+    assert load.pull_rows + load.prefetch_rows == pytest.approx(by_kind["pull"] + by_kind["hot_pull"])
+    assert load.writeback_rows == pytest.approx(by_kind["writeback"] + by_kind["hot_push"])
+    # a hot iteration sums the gradients of its rows' union: float32 rows of the model's dim
+    assert load.hot_allreduce_bytes == pytest.approx(by_kind["hot_allreduce"] * config.model.embedding_dim * 4)
+    assert 0 < load.hot_allreduces < 1
+    # each new pair of strips (after the first) first measures the held-out loss on 64 samples
+    pairs = load.eval_samples * iterations / 64
+    assert pairs >= 1 and pairs == pytest.approx(round(pairs))

@@ -181,3 +181,14 @@ def test_workers_sharing_cores_pay_the_measured_patient_collectives():
     assert (plain["allreduce"], plain["barrier"]) == pytest.approx((0.1 * share, 0.04 * share))  # not measured
     one = Cluster(workers=1, ps=1, workers_per_host=1, cores_per_host=1)
     assert stage_ms(load, one, measured)["allreduce"] == pytest.approx(0.1)  # one worker waits for nobody
+
+
+def test_fae_s_hot_sums_are_a_second_allreduce_and_its_held_out_loss_a_forward_pass_per_sample():
+    cluster = Cluster(workers=3, ps=1, workers_per_host=1, gbps=10.0, latency_ms=0.05)
+    plain = Load(samples=128, row_bytes=72, mlp_bytes=1e6)
+    fae = Load(samples=128, row_bytes=72, mlp_bytes=1e6, hot_allreduces=0.5, hot_allreduce_bytes=3e5, eval_samples=30)
+    # 3 hosts: (1 MB + 0.3 MB) x 4/3 through each NIC at 10 Gbit/s, 4 steps of 0.05 ms for 1.5 rings
+    assert ring_ms(fae, cluster) == pytest.approx(1.3e6 * 4 / 3 * 8 / 10e9 * 1e3 + 1.5 * 4 * 0.05)
+    stages, before = stage_ms(fae, cluster, PROFILE), stage_ms(plain, cluster, PROFILE)
+    assert stages["allreduce"] == pytest.approx(1.5 * 0.1 + ring_ms(fae, cluster))
+    assert stages["pull"] - before["pull"] == pytest.approx(30 * 0.05 / 3)  # a third of a sample's compute
