@@ -186,7 +186,8 @@ def register(subparsers) -> None:
     p.add_argument("--validate", action="store_true",
                    help="train the cases on this host (hybrid bench train) and compare them with the predictions")
     p.add_argument("--cases", help="validation on this host: comma-separated MODE[+KEY=VALUE...], the first the "
-                   "ratios' denominator (default: vanilla, herald and het with 3 workers, herald and het with 2; "
+                   "ratios' denominator (default: vanilla, herald, het and fae with 3 workers; vanilla, herald and het "
+                   "with 2; "
                    "none: no one-host cases)")
     p.add_argument("--e2e", action="append", default=[], metavar="WORKLOAD=PROFILE",
                    help="validation across emulated hosts (root): the hybrid bench e2e workload (movielens-100k, "

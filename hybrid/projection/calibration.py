@@ -14,11 +14,15 @@ Measured from runs that no validation case predicts (docs/projection.md):
    in the cache (least squares, none below zero); their data stage per
    sample; their allreduce stage (the calls, nothing to sum), barrier and
    ``other`` per iteration;
-3. shared cores: the floor in 2 to ``2 x cores`` processes at once, in
-   step (a barrier after every iteration, as BSP workers wait for each
-   other), each one's ms per iteration over one alone run right before (the
-   median of ``repeats`` such pairs: this machine's speed drifts within
-   minutes);
+3. shared cores: the floor in 2 to ``2 x cores`` processes at once, side
+   by side (started together, no barrier between iterations), each one's ms
+   per iteration over one alone run right before (the median of ``repeats``
+   such pairs: this machine's speed drifts within minutes). What BSP
+   workers wait for each other is the patient collectives' (4): floors in
+   step (a barrier after every iteration) counted it twice, 2.71x and 3.85x
+   for 3 and 4 processes on 2 cores against 1.64x and 2.56x side by side,
+   where the workers' own compute stage ran 1.47-1.61x with 3 workers
+   (docs/projection.md);
 4. patient collectives: the runtime's sum of the MLP's bytes and its
    barrier among 2 to ``2 x cores`` ranks waiting patiently, nothing else
    running (``collective_probe``): workers whose ranks share cores pay
@@ -86,29 +90,37 @@ def _fit_operations(equations: list[tuple]) -> tuple:
 FLOORS_TIMEOUT_S = 1800
 
 
-def _floor_in_step(config_path: str, overrides: list, iterations: int, barrier, results) -> None:
-    """One of several floors in step (a spawned process): ms per iteration after the warm-up, into ``results``."""
+def _floor_beside(config_path: str, overrides: list, iterations: int, barrier, results) -> None:
+    """One of several floors side by side (a spawned process): ms per iteration after the warm-up, into
+    ``results``; with ``barrier``, every floor waits for the others after its first step only, so that they
+    start together (the warm-up steps are not timed)."""
     import torch
 
     from hybrid.bench.plain_torch import WARMUP, train_plain
 
+    def start_together() -> None:
+        nonlocal barrier
+        if barrier is not None:
+            barrier.wait()
+            barrier = None
+
     torch.set_num_threads(1)
     config = load_config(config_path, [*overrides, "cluster.workers=1"])
     store = BatchStore.of(config.data, "train")
-    *_, seconds = train_plain(config, store, iterations, after_step=None if barrier is None else barrier.wait)
+    *_, seconds = train_plain(config, store, iterations, after_step=start_together)
     results.put(1e3 * seconds / (iterations - WARMUP))
 
 
 def shared_cores(config_path: str, overrides: list[str], *, processes: int, iterations: int, repeats: int,
                  say: Callable[[str], None]) -> tuple:
-    """((busy processes, slowdown), ...): the floor in k processes in step (a barrier after every
-    iteration, as BSP workers wait for each other) against one alone, for k = 2 .. ``processes``; each the
-    median over ``repeats`` of the ratio within a pair run back to back (this machine's speed drifts)."""
+    """((busy processes, slowdown), ...): the floor in k processes side by side (started together, each at
+    its own pace) against one alone, for k = 2 .. ``processes``; each the median over ``repeats`` of the
+    ratio within a pair run back to back (this machine's speed drifts)."""
     context = multiprocessing.get_context("spawn")  # no MPI, torch or thread state inherited
 
     def together(k: int) -> float:
         barrier, results = (context.Barrier(k) if k > 1 else None), context.Queue()
-        running = [context.Process(target=_floor_in_step, args=(config_path, overrides, iterations, barrier, results))
+        running = [context.Process(target=_floor_beside, args=(config_path, overrides, iterations, barrier, results))
                    for _ in range(k)]
         for process in running:
             process.start()
@@ -118,12 +130,12 @@ def shared_cores(config_path: str, overrides: list[str], *, processes: int, iter
                 ms.append(results.get(timeout=1.0))
             except queue.Empty:
                 failed = [p.exitcode for p in running if p.exitcode not in (None, 0)]
-                if failed or time.monotonic() > deadline:  # the others would wait at the barrier for ever
+                if failed or time.monotonic() > deadline:  # the others would wait at the start for ever
                     for process in running:
                         process.terminate()
                     why = (f"exit {failed[0]}" + (" (killed: out of memory? each holds the whole table)"
                                                   if failed[0] == -9 else "")) if failed else "timed out"
-                    raise RuntimeError(f"a floor of {k} in step failed: {why}")
+                    raise RuntimeError(f"a floor of {k} side by side failed: {why}")
         for process in running:
             process.join()
         return statistics.median(ms)
@@ -132,7 +144,7 @@ def shared_cores(config_path: str, overrides: list[str], *, processes: int, iter
     for k in range(2, processes + 1):
         ratios = [together(k) / together(1) for _ in range(repeats)]
         shares.append((k, round(statistics.median(ratios), 3)))
-        say(f"shared cores: {k} processes in step, each {shares[-1][1]:.2f}x the time of one alone "
+        say(f"shared cores: {k} processes side by side, each {shares[-1][1]:.2f}x the time of one alone "
             f"(pairs: {', '.join(f'{r:.2f}' for r in ratios)})")
     return tuple(shares)
 

@@ -25,7 +25,7 @@ The loop's stages (docs/design.md section 11) and what each one waits for:
 
 CPU workers whose ranks share cores do all their CPU work (every stage but
 the bytes on the links) slower by the share measured on the machine
-(``Profile.shares``: the floor in several processes in step), or by
+(``Profile.shares``: the floor in several processes side by side), or by
 ``busy ranks / cores`` where it was not measured; and they wait in their
 two collectives patiently, each step of a collective lasting about one of
 the sleeps between tests (``Profile.collectives``, measured).

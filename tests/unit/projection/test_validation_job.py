@@ -1,4 +1,4 @@
-"""The calibration and the one-host validation, end to end at a small size (real jobs: mpirun, floors in step)."""
+"""The calibration and the one-host validation, end to end at a small size (real jobs: mpirun, floors side by side)."""
 import json
 
 import pytest
