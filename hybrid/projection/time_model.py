@@ -43,7 +43,7 @@ inputs are described in docs/projection.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Optional
 
 STAGES = ("data", "pull", "compute", "allreduce", "push", "barrier", "other", "schedule")
@@ -59,7 +59,10 @@ class Cluster:
     ``cores_per_host``: CPU workers only (``None`` for GPU workers, whose
     compute does not share the host's cores). ``one_machine``: the hosts
     are emulated on one machine (``hybrid bench e2e``), whose
-    ``cores_per_host`` cores every rank shares.
+    ``cores_per_host`` cores every rank shares. ``burst_bytes``: what a
+    NIC passes at once before its rate applies, after a pause long enough
+    to refill it: an emulated link's token bucket (``LinkShape.burst_bytes``,
+    256 KiB up to 1 Gbit/s); 0 for a real NIC.
     """
 
     workers: int
@@ -69,6 +72,7 @@ class Cluster:
     latency_ms: float = 0.0
     cores_per_host: Optional[int] = None
     one_machine: bool = False
+    burst_bytes: float = 0.0
 
     def __post_init__(self):
         if self.workers < 1 or self.ps < 1 or self.workers_per_host < 1:
@@ -80,6 +84,8 @@ class Cluster:
             raise ValueError(f"latency_ms must be >= 0, got {self.latency_ms}")
         if self.cores_per_host is not None and self.cores_per_host < 1:
             raise ValueError(f"cores_per_host must be >= 1, got {self.cores_per_host}")
+        if self.burst_bytes < 0:
+            raise ValueError(f"burst_bytes must be >= 0, got {self.burst_bytes}")
 
     @property
     def worker_hosts(self) -> int:
@@ -248,9 +254,10 @@ CHECK_BYTES = 16  # a version check: the row's id out, its version back
 FORWARD_SHARE = 1 / 3
 
 
-def transfer_ms(nbytes: float, gbps: Optional[float]) -> float:
-    """Milliseconds to move ``nbytes`` over a ``gbps`` link (0 without a link)."""
-    return 0.0 if gbps is None else nbytes * 8 / (gbps * 1e9) * 1e3
+def transfer_ms(nbytes: float, gbps: Optional[float], burst_bytes: float = 0.0) -> float:
+    """Milliseconds to move ``nbytes`` over a ``gbps`` link (0 without a link), the first ``burst_bytes``
+    at once (a token bucket refilled since the link's last use)."""
+    return 0.0 if gbps is None else max(0.0, nbytes - burst_bytes) * 8 / (gbps * 1e9) * 1e3
 
 
 def link_ms(worker_bytes: float, ps_bytes: float, cluster: Cluster) -> float:
@@ -259,12 +266,26 @@ def link_ms(worker_bytes: float, ps_bytes: float, cluster: Cluster) -> float:
 
     ``worker_bytes``: what the busiest worker moves (a host carries that
     for each of its workers); ``ps_bytes``: what all workers move from or
-    to the busiest PS rank. Nothing moves: no round trip either.
+    to the busiest PS rank. Nothing moves: no round trip either. Each
+    stage's transfer in one direction follows compute or another stage,
+    so a NIC's bucket (``Cluster.burst_bytes``) has refilled before it as
+    far as compute lets it (:func:`refilled`).
     """
     if cluster.gbps is None or not (worker_bytes or ps_bytes):
         return 0.0
     per_host = worker_bytes * min(cluster.workers, cluster.workers_per_host)
-    return max(transfer_ms(per_host, cluster.gbps), transfer_ms(ps_bytes, cluster.gbps)) + 2 * cluster.latency_ms
+    burst = cluster.burst_bytes
+    return max(transfer_ms(per_host, cluster.gbps, burst), transfer_ms(ps_bytes, cluster.gbps, burst)) \
+        + 2 * cluster.latency_ms
+
+
+def refilled(cluster: Cluster, idle_ms: float) -> Cluster:
+    """``cluster`` with each NIC's bucket as full as ``idle_ms`` without traffic refill it at the link's rate:
+    the links idle while the workers compute, and a bucket larger than that (256 KiB is 21 ms at 100 Mbit/s)
+    never refills whole."""
+    if cluster.gbps is None or not cluster.burst_bytes:
+        return cluster
+    return replace(cluster, burst_bytes=min(cluster.burst_bytes, cluster.gbps * 1e9 / 8 * idle_ms / 1e3))
 
 
 def cpu_share(cluster: Cluster, profile: Profile) -> float:
@@ -285,7 +306,9 @@ def ring_ms(load: Load, cluster: Cluster) -> float:
     if cluster.gbps is None or hosts == 1:
         return 0.0
     rings = 1 + load.hot_allreduces
-    return transfer_ms(2 * (hosts - 1) / hosts * (load.mlp_bytes + load.hot_allreduce_bytes), cluster.gbps) \
+    # the steps follow each other at once: only the first finds a NIC's bucket full
+    return transfer_ms(2 * (hosts - 1) / hosts * (load.mlp_bytes + load.hot_allreduce_bytes), cluster.gbps,
+                       min(cluster.burst_bytes, load.mlp_bytes / hosts)) \
         + rings * 2 * (hosts - 1) * cluster.latency_ms
 
 
@@ -307,6 +330,7 @@ def stage_ms(load: Load, cluster: Cluster, profile: Profile) -> dict:
     row, share = load.row_bytes, cpu_share(cluster, profile)
     data = load.samples * profile.data_sample_ms * share
     compute = (profile.compute_ms + load.samples * profile.sample_ms) * share
+    cluster = refilled(cluster, compute)
     waits = profile.patient_collectives(cluster.workers) if cluster.patient else (0.0, 0.0)
     calls = 1 + load.hot_allreduces  # FAE's hot rows: a second sum, its calls and patient wait as the MLP's
     allreduce = calls * (profile.allreduce_ms * share + waits[0]) + ring_ms(load, cluster)

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybrid.projection.time_model import (Cluster, Load, Profile, barrier_rounds_ms, bounding_stage, cpu_share,
-                                          iteration_ms, link_ms, ring_ms, stage_ms, transfer_ms)
+                                          iteration_ms, link_ms, refilled, ring_ms, stage_ms, transfer_ms)
 
 PROFILE = Profile(op_ms=0.02, row_ms=0.0001, sample_ms=0.05, compute_ms=0.3, data_sample_ms=0.001,
                   allreduce_ms=0.1, barrier_ms=0.04, other_ms=0.2)
@@ -192,3 +192,29 @@ def test_fae_s_hot_sums_are_a_second_allreduce_and_its_held_out_loss_a_forward_p
     stages, before = stage_ms(fae, cluster, PROFILE), stage_ms(plain, cluster, PROFILE)
     assert stages["allreduce"] == pytest.approx(1.5 * 0.1 + ring_ms(fae, cluster))
     assert stages["pull"] - before["pull"] == pytest.approx(30 * 0.05 / 3)  # a third of a sample's compute
+
+
+def test_an_emulated_link_s_bucket_passes_its_first_bytes_at_once():
+    # 1 Gbit/s: 125 kB per ms; 256 KiB pass at once after a pause, per NIC and direction
+    assert transfer_ms(1_262_144, 1.0, burst_bytes=262_144) == pytest.approx(8.0)
+    assert transfer_ms(100_000, 1.0, burst_bytes=262_144) == 0.0
+    bucket = Cluster(workers=3, ps=1, gbps=1.0, burst_bytes=262_144)
+    # the PS host's NIC carries 3 x 400 kB, less one bucket
+    assert link_ms(400_000, 1_200_000, bucket) == pytest.approx((1_200_000 - 262_144) * 8 / 1e9 * 1e3)
+    # a ring's steps follow each other at once: only the first step's chunk (a third of 300 kB) rides it
+    load = Load(samples=1, row_bytes=72, mlp_bytes=300_000)
+    assert ring_ms(load, bucket) == pytest.approx((4 / 3 * 300_000 - 100_000) * 8 / 1e9 * 1e3)  # 2 (h - 1) / h
+    with pytest.raises(ValueError, match="burst_bytes"):
+        Cluster(workers=1, ps=1, burst_bytes=-1)
+
+
+def test_a_bucket_refills_only_as_far_as_compute_lets_it():
+    # 100 Mbit/s refills 12.5 kB per ms: 2 ms of compute give 25 kB of 256 KiB; at 1 Gbit/s 250 kB
+    slow = Cluster(workers=3, ps=1, gbps=0.1, burst_bytes=262_144)
+    assert refilled(slow, 2.0).burst_bytes == pytest.approx(25_000)
+    assert refilled(Cluster(workers=3, ps=1, gbps=1.0, burst_bytes=262_144), 2.0).burst_bytes == pytest.approx(250_000)
+    assert refilled(Cluster(workers=3, ps=1, gbps=1.0), 2.0).burst_bytes == 0.0
+    profile = Profile(op_ms=0.0, row_ms=0.0, sample_ms=2.0 / 128)  # 2 ms of compute
+    load = Load(samples=128, row_bytes=1000, push_rows=100, ps_push_rows=300)
+    # the PS host receives 300 kB, 25 kB of it at once
+    assert stage_ms(load, slow, profile)["push"] == pytest.approx((300_000 - 25_000) * 8 / 0.1e9 * 1e3)
