@@ -58,15 +58,15 @@ def train_plain(config, store: BatchStore, iterations: int, device: torch.device
     The same model as the single-process reference (hybrid.training.reference),
     learning-rate schedule included, with the tables updated only where the
     batch touched them, as a real single-process trainer would. ``after_step``:
-    called at the end of each iteration (several floors in step, as BSP
-    workers are: ``hybrid.projection.calibration``).
+    called at the end of each iteration (several floors started together:
+    ``hybrid.projection.calibration``).
     """
     if config.train.embedding_optimizer is not EmbeddingOptimizer.sgd:
         raise ValueError("bench plain applies SGD to the embeddings; run it with train.embedding_optimizer=sgd")
     dtype = getattr(torch, config.model.precision.value)
     offsets = torch.from_numpy(store.table_offsets.astype(np.int64)).to(device)
     n_rows = int(store.cardinalities.sum())
-    # filled in place: the whole table's temporaries would take several times its size (floors in step
+    # filled in place: the whole table's temporaries would take several times its size (floors side by side
     # each hold one: hybrid.projection.calibration)
     rows = np.empty((n_rows, config.model.embedding_dim), dtype=np.dtype(config.model.precision.value))
     fill_initial_rows(rows, config.seed, 0, threads=1)
