@@ -112,14 +112,7 @@ def _sweep(args) -> int:
     result = sweep(args.config, read_profile(args.profile), grid, device(args.gpu), overrides=args.overrides,
                    iterations=args.iterations, host_ms=_host_ms(args), say=lambda line: print(line, file=out))
     print(format_table(result), file=out)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
-        plot(result, f"{args.out}.png")
-        print(f"written: {args.out}.json, {args.out}.png", file=out)
-    if args.json:
-        print(json.dumps(result))
-    return 0
+    return _written(args, result, out, plot)
 
 
 def _paper(args) -> int:
@@ -131,10 +124,19 @@ def _paper(args) -> int:
                            large={"workload": "W1", "ps": (1, 4)}, host_ms=_host_ms(args),
                            say=lambda line: print(line, file=out))
     print(paper.format_table(result), file=out)
+    return _written(args, result, out)
+
+
+def _written(args, result: dict, out, plot=None) -> int:
+    """``--out PREFIX``: the result as PREFIX.json (and PREFIX.png with ``plot``); ``--json``: on stdout."""
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
-        print(f"written: {args.out}.json", file=out)
+        files = [f"{args.out}.json"]
+        if plot is not None:
+            plot(result, f"{args.out}.png")
+            files.append(f"{args.out}.png")
+        print(f"written: {', '.join(files)}", file=out)
     if args.json:
         print(json.dumps(result))
     return 0
@@ -187,8 +189,7 @@ def register(subparsers) -> None:
                    help="train the cases on this host (hybrid bench train) and compare them with the predictions")
     p.add_argument("--cases", help="validation on this host: comma-separated MODE[+KEY=VALUE...], the first the "
                    "ratios' denominator (default: vanilla, herald, het and fae with 3 workers; vanilla, herald and het "
-                   "with 2; "
-                   "none: no one-host cases)")
+                   "with 2; none: no one-host cases)")
     p.add_argument("--e2e", action="append", default=[], metavar="WORKLOAD=PROFILE",
                    help="validation across emulated hosts (root): the hybrid bench e2e workload (movielens-100k, "
                         "w1-scale0.1) and its profile (calibrated with --across-hosts none); repeatable")

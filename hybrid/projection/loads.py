@@ -126,18 +126,16 @@ def _fae_figures(plan, iteration: _Iteration, hot_rows: np.ndarray, config: Conf
                    "update_rows": union, "hot_allreduces": 1, "hot_allreduce_bytes": union * gradient_bytes}
     fae, shards = plan.fae, iteration.shards
     per_shard = np.bincount(shards.shard_of(hot_rows), minlength=shards.n_shards)
-    reached = int((per_shard > 0).sum())
+    reached = int((per_shard > 0).sum())  # one operation per PS rank the hot rows are on
+    switch: dict = {}
     if fae.push_replicas:  # worker 0 writes every hot row
-        figures["writeback_rows"] = figures.get("writeback_rows", 0) + len(hot_rows)
-        figures["ps_writeback_rows"] = figures.get("ps_writeback_rows", 0) + per_shard.max()
-        figures["pull_ops"] = figures.get("pull_ops", 0) + reached
-    if fae.pull_replicas:  # every worker reads every hot row
-        figures["pull_rows"] = figures.get("pull_rows", 0) + len(hot_rows)
-        figures["ps_pull_rows"] = figures.get("ps_pull_rows", 0) + per_shard.max() * iteration.n_workers
-        figures["pull_ops"] = figures.get("pull_ops", 0) + reached
+        switch.update(writeback_rows=len(hot_rows), ps_writeback_rows=per_shard.max(), pull_ops=reached)
+    if fae.pull_replicas:  # every worker reads every hot row (a strip never both pushes and pulls)
+        switch.update(pull_rows=len(hot_rows), ps_pull_rows=per_shard.max() * iteration.n_workers,
+                      pull_ops=switch.get("pull_ops", 0) + reached)
     if fae.observe is not None:
-        figures["eval_samples"] = config.fae.heldout_samples
-    return figures
+        switch["eval_samples"] = config.fae.heldout_samples
+    return {key: figures.get(key, 0) + switch.get(key, 0) for key in {**figures, **switch}}
 
 
 def row_bytes(config: Config) -> int:

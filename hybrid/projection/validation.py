@@ -162,7 +162,7 @@ def _emulated(workload_name: str, profile_path: str, rate: Optional[str], cases:
         config = load_config(config_path, [*base, *case_overrides(case)])
         cluster = Cluster(workers=config.cluster.workers, ps=config.cluster.ps, workers_per_host=1,
                           gbps=rate_gbps(rate), cores_per_host=cores, one_machine=True,
-                          burst_bytes=shape.burst_bytes() if rate is not None else 0.0)
+                          burst_bytes=shape.burst_bytes())
         predicted = predict(config, BatchStore.of(config.data, "train"), cluster, profile,
                             iterations=workload.iterations)
         out.append(_case(case, f"{workload_name} {shape.label()}", config, measured[case], predicted))
