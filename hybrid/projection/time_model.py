@@ -5,16 +5,18 @@ The loop's stages (docs/design.md section 11) and what each one waits for:
 - ``data``: the next batch's inputs, per sample.
 - ``pull``: the write-backs and the pulls of this iteration, one operation
   per PS rank each, completed together: each operation's own cost, each
-  row's, and the bytes over the links (below); the pulls issued ahead for
-  the next iteration (prefetch) travel while this one computes and count
-  only where they take longer than compute and the allreduce.
+  row's, and the bytes over the links (below). At its end the pulls of
+  the next iteration (prefetch) leave the PS; they travel while this one
+  computes.
 - ``compute``: forward, backward and the optimizer step, per sample, on
   the worker's device.
-- ``allreduce``: the MLP's gradients summed over the workers (ring, inside
-  a host through memory, between hosts over the links), and the calls
-  around it (with one worker, only those).
+- ``allreduce``: the MLP's gradients summed over the workers (inside a
+  host through memory; between hosts a ring, or where the ranks share
+  cores the patient sum's binomial tree), and the calls around it (with
+  one worker, only those).
 - ``push``: the updates written to the PS, overlapping the next batch's
-  ``data``; the bytes as for pulls.
+  ``data``; the stage ends when the writes and the prefetch have arrived
+  (the loop's flush).
 - ``barrier`` and ``other``: a fixed cost per iteration (the barrier's
   latency terms grow with the ranks' log).
 - ``schedule``: CPU workers make each plan on their own cores (the
@@ -32,9 +34,12 @@ the sleeps between tests (``Profile.collectives``, measured).
 
 Bytes over the links: every worker of a host moves its rows through that
 host's NIC, and every PS host's NIC carries what all workers move from and
-to it, so a stage takes the longer of the two; the link's one-way latency is
-paid twice per round trip. With every rank on one host there is no link:
-the operations' own costs, calibrated on that host, are the whole cost.
+to it. Each NIC direction carries its transfers one after another, a
+transfer lasting as long as its slower end; an emulated NIC passes its
+first bytes after a pause at once (its token bucket). The iteration is
+therefore played on the NICs for a few iterations before the one reported
+(:func:`stage_ms`). With every rank on one host there is no link: the
+operations' own costs, calibrated on that host, are the whole cost.
 
 BSP: an iteration lasts as long as its busiest worker, so ``Load`` holds
 the busiest worker's rows and the busiest PS rank's. The model and its
@@ -43,6 +48,7 @@ inputs are described in docs/projection.md.
 from __future__ import annotations
 
 import math
+from functools import partial
 from dataclasses import dataclass, fields, replace
 from typing import Optional
 
@@ -261,31 +267,23 @@ def transfer_ms(nbytes: float, gbps: Optional[float], burst_bytes: float = 0.0) 
 
 
 def link_ms(worker_bytes: float, ps_bytes: float, cluster: Cluster) -> float:
-    """Bytes of one direction of one stage over the links: the busier of a worker host's NIC and the busiest
-    PS host's NIC, and a round trip.
+    """Bytes of one direction of one stage over idle links: the busier of a worker host's NIC and the busiest
+    PS host's NIC, each with its bucket full, and a round trip.
 
     ``worker_bytes``: what the busiest worker moves (a host carries that
     for each of its workers); ``ps_bytes``: what all workers move from or
-    to the busiest PS rank. Nothing moves: no round trip either. Each
-    stage's transfer in one direction follows compute or another stage,
-    so a NIC's bucket (``Cluster.burst_bytes``) has refilled before it as
-    far as compute lets it (:func:`refilled`).
+    to the busiest PS rank. Nothing moves: no round trip either.
     """
     if cluster.gbps is None or not (worker_bytes or ps_bytes):
         return 0.0
-    per_host = worker_bytes * min(cluster.workers, cluster.workers_per_host)
     burst = cluster.burst_bytes
-    return max(transfer_ms(per_host, cluster.gbps, burst), transfer_ms(ps_bytes, cluster.gbps, burst)) \
-        + 2 * cluster.latency_ms
+    return max(transfer_ms(host_bytes(worker_bytes, cluster), cluster.gbps, burst),
+               transfer_ms(ps_bytes, cluster.gbps, burst)) + 2 * cluster.latency_ms
 
 
-def refilled(cluster: Cluster, idle_ms: float) -> Cluster:
-    """``cluster`` with each NIC's bucket as full as ``idle_ms`` without traffic refill it at the link's rate:
-    the links idle while the workers compute, and a bucket larger than that (256 KiB is 21 ms at 100 Mbit/s)
-    never refills whole."""
-    if cluster.gbps is None or not cluster.burst_bytes:
-        return cluster
-    return replace(cluster, burst_bytes=min(cluster.burst_bytes, cluster.gbps * 1e9 / 8 * idle_ms / 1e3))
+def host_bytes(worker_bytes: float, cluster: Cluster) -> float:
+    """What a worker host's NIC carries when each of its workers moves ``worker_bytes``."""
+    return worker_bytes * min(cluster.workers, cluster.workers_per_host)
 
 
 def cpu_share(cluster: Cluster, profile: Profile) -> float:
@@ -295,21 +293,26 @@ def cpu_share(cluster: Cluster, profile: Profile) -> float:
     return profile.share_at(cluster.busy_ranks, cluster.cores_per_host)
 
 
-def ring_ms(load: Load, cluster: Cluster) -> float:
-    """Ring allreduces' bytes between hosts (inside a host memory moves them: the calls' cost covers it).
+def ring_bytes(load: Load, cluster: Cluster) -> float:
+    """What each worker host's NIC carries, each way, in ring allreduces between hosts (inside a host memory
+    moves them: the calls' cost covers it): ``2 (h - 1) / h`` of the MLP's bytes every iteration, and of
+    FAE's hot rows in its share of iterations."""
+    hosts = cluster.worker_hosts
+    return 2 * (hosts - 1) / hosts * (load.mlp_bytes + load.hot_allreduce_bytes) if hosts > 1 else 0.0
 
-    Between ``h`` hosts a ring moves ``2 (h - 1) / h`` of the bytes through
-    each NIC in ``2 (h - 1)`` steps, each paying the link's latency: the
-    MLP's every iteration, FAE's hot rows in its share of iterations.
+
+def tree_bytes(load: Load, cluster: Cluster) -> float:
+    """What the root's host receives, and then sends, in the patient sum between hosts.
+
+    Where the workers wait patiently (their ranks share cores) the runtime
+    sums with Open MPI's non-blocking allreduce on an in-place buffer,
+    which (as on fewer than 4 ranks in any case) reduces up a binomial
+    tree and broadcasts down it (libnbc's ``nbc_iallreduce.c``), every
+    edge carrying the whole buffer: the root receives ``ceil(log2 h)``
+    buffers, one round after another, then sends as many at once.
     """
     hosts = cluster.worker_hosts
-    if cluster.gbps is None or hosts == 1:
-        return 0.0
-    rings = 1 + load.hot_allreduces
-    # the steps follow each other at once: only the first finds a NIC's bucket full
-    return transfer_ms(2 * (hosts - 1) / hosts * (load.mlp_bytes + load.hot_allreduce_bytes), cluster.gbps,
-                       min(cluster.burst_bytes, load.mlp_bytes / hosts)) \
-        + rings * 2 * (hosts - 1) * cluster.latency_ms
+    return math.ceil(math.log2(hosts)) * (load.mlp_bytes + load.hot_allreduce_bytes) if hosts > 1 else 0.0
 
 
 def barrier_rounds_ms(cluster: Cluster) -> float:
@@ -318,33 +321,123 @@ def barrier_rounds_ms(cluster: Cluster) -> float:
     return 2 * rounds * cluster.latency_ms if cluster.gbps is not None and cluster.worker_hosts > 1 else 0.0
 
 
+class _Nic:
+    """One direction of one NIC: its transfers one after another at the link's rate, the first bytes after a
+    pause at once, as far as its token bucket (``Cluster.burst_bytes``) has refilled since it last carried
+    bytes (at the link's rate: 256 KiB in 2 ms at 1 Gbit/s, in 21 ms at 100 Mbit/s)."""
+
+    def __init__(self, cluster: Cluster):
+        self.per_ms = cluster.gbps * 1e9 / 8 / 1e3
+        self.size = self.tokens = cluster.burst_bytes
+        self.free_at = -math.inf  # idle for ever before the first iteration: every bucket full
+
+    def bucket_at(self, at: float) -> float:
+        return min(self.size, self.tokens + self.per_ms * max(0.0, at - self.free_at))
+
+    def ms(self, nbytes: float, at: float, burst_cap: float) -> float:
+        return max(0.0, nbytes - min(burst_cap, self.bucket_at(at))) / self.per_ms
+
+    def take(self, nbytes: float, begin: float, end: float) -> None:
+        self.tokens, self.free_at = max(0.0, self.bucket_at(begin) - nbytes), end
+
+
+class _Links:
+    """The busiest worker host's NIC and the busiest PS host's NIC, each way, through a run of iterations."""
+
+    def __init__(self, cluster: Cluster):
+        self.on = cluster.gbps is not None
+        self.worker_out, self.worker_in, self.ps_out, self.ps_in = (_Nic(cluster) if self.on else None
+                                                                    for _ in range(4))
+        self.latency_ms = cluster.latency_ms
+
+    def move(self, at: float, *ends, round_trips: float = 1.0, burst_cap: float = math.inf) -> float:
+        """When bytes started at ``at`` arrive: ``ends`` are (NIC, bytes) pairs the bytes cross, the transfer
+        starting when every one of them is free and lasting as long as its slowest end, each NIC busy for its
+        own part only (the PS host's NIC carries every worker's rows, a worker host's one share of them, at
+        the same pace); ``burst_cap``: at most that much rides a bucket (a ring's first chunk)."""
+        ends = [(nic, nbytes) for nic, nbytes in ends if nbytes > 0]
+        if not self.on or not ends:
+            return at
+        begin = max(at, *(nic.free_at for nic, _ in ends))
+        own = [(nic, nbytes, nic.ms(nbytes, begin, burst_cap)) for nic, nbytes in ends]
+        for nic, nbytes, ms in own:  # a NIC that carries its part sooner is free for other bytes meanwhile
+            nic.take(nbytes, begin, begin + ms)
+        return begin + max(ms for *_, ms in own) + round_trips * 2 * self.latency_ms
+
+
+SETTLING_ITERATIONS = 4  # iterations run before the one reported: the NICs' buckets settle within 2-3
+
+
 def stage_ms(load: Load, cluster: Cluster, profile: Profile) -> dict:
     """Milliseconds per stage of one iteration (``STAGES``), and ``schedule_wait``.
 
-    Links are full duplex: a stage takes its slower direction. The
-    prefetch of the next iteration travels during compute and the
-    allreduce and shows in ``pull`` only by what it takes longer; the
-    writes travel during the next batch's ``data`` and show in ``push`` by
-    what they take longer than that.
+    The iteration runs as the loop does (docs/design.md section 11), the
+    bytes of each stage over the NICs they cross (:class:`_Links`: full
+    duplex, one transfer after another per direction, an emulated NIC's
+    bucket refilled while it idles), after ``SETTLING_ITERATIONS``
+    iterations that leave the NICs as a long run does:
+
+    - ``pull``: its operations' own costs, then the reads and the
+      write-backs, each way at once; at its end the next iteration's
+      prefetch leaves the PS and travels while the worker computes.
+    - ``allreduce``: its calls, and the MLP's bytes between hosts: a ring
+      (each NIC both ways), or where the ranks share cores the patient
+      sum's binomial tree (:func:`tree_bytes`), whose wait as measured
+      alone between hosts over unshaped links (the probe's sleeps, its
+      bytes at memory speed) the link's bytes replace where they take
+      longer.
+    - ``push``: its operations, then the writes, which travel during the
+      next batch's ``data`` (they show only by what they take longer) and
+      wait for the worker host's NIC to finish the allreduce's bytes; the
+      stage ends when the prefetch has arrived too (the loop's flush).
     """
+    links, iteration, clock = _Links(cluster), {}, 0.0
+    for _ in range(SETTLING_ITERATIONS + 1):
+        iteration, clock = _iteration(load, cluster, profile, links, clock)
+    return iteration
+
+
+def _iteration(load: Load, cluster: Cluster, profile: Profile, links: _Links, clock: float) -> tuple[dict, float]:
+    """One iteration from ``clock`` on ``links``: its stages, and the clock at its end."""
     row, share = load.row_bytes, cpu_share(cluster, profile)
+    hosted = partial(host_bytes, cluster=cluster)
     data = load.samples * profile.data_sample_ms * share
     compute = (profile.compute_ms + load.samples * profile.sample_ms) * share
-    cluster = refilled(cluster, compute)
+    evaluation = load.eval_samples * profile.sample_ms * FORWARD_SHARE
+    rows_pulled = load.pull_rows + load.writeback_rows + load.check_rows + load.p2p_rows + load.prefetch_rows
+    pull_cpu = (load.pull_ops * profile.op_ms + rows_pulled * profile.row_ms + evaluation) * share
+    reads = links.move(clock, (links.worker_in, hosted((load.pull_rows + load.p2p_rows) * row
+                                                        + load.check_rows * CHECK_BYTES)),
+                       (links.ps_out, load.ps_pull_rows * row + load.ps_check_rows * CHECK_BYTES))
+    written_back = links.move(clock, (links.worker_out, hosted(load.writeback_rows * row)),
+                              (links.ps_in, load.ps_writeback_rows * row))
+    pull = max(reads, written_back) + pull_cpu - clock
+    clock += pull
+    ahead = links.move(clock, (links.worker_in, hosted(load.prefetch_rows * row)),
+                       (links.ps_out, load.ps_prefetch_rows * row))
+    clock += compute
     waits = profile.patient_collectives(cluster.workers) if cluster.patient else (0.0, 0.0)
     calls = 1 + load.hot_allreduces  # FAE's hot rows: a second sum, its calls and patient wait as the MLP's
-    allreduce = calls * (profile.allreduce_ms * share + waits[0]) + ring_ms(load, cluster)
-    reads = link_ms((load.pull_rows + load.p2p_rows) * row + load.check_rows * CHECK_BYTES,
-                    load.ps_pull_rows * row + load.ps_check_rows * CHECK_BYTES, cluster)
-    writes_back = link_ms(load.writeback_rows * row, load.ps_writeback_rows * row, cluster)
-    ahead = link_ms(load.prefetch_rows * row, load.ps_prefetch_rows * row, cluster)
-    rows_pulled = load.pull_rows + load.writeback_rows + load.check_rows + load.p2p_rows + load.prefetch_rows
-    evaluation = load.eval_samples * profile.sample_ms * FORWARD_SHARE
-    pull = (load.pull_ops * profile.op_ms + rows_pulled * profile.row_ms + evaluation) * share \
-        + max(reads, writes_back) + max(0.0, ahead - compute - allreduce)
-    writes = link_ms(load.push_rows * row, load.ps_push_rows * row, cluster)
-    push = (load.push_ops * profile.op_ms + load.push_rows * profile.row_ms
-            + load.update_rows * profile.update_row_ms) * share + max(0.0, writes - data)
+    hosts = cluster.worker_hosts
+    if cluster.patient and cluster.gbps is not None and hosts > 1:
+        rounds = math.ceil(math.log2(hosts))
+        gathered = links.move(clock, (links.worker_in, tree_bytes(load, cluster)), round_trips=calls * rounds / 2)
+        summed = links.move(gathered, (links.worker_out, tree_bytes(load, cluster)), round_trips=calls * rounds / 2)
+        allreduce = calls * profile.allreduce_ms * share + max(calls * waits[0], summed - clock)
+        first_copy = gathered + (summed - gathered) / rounds  # the root sends a copy to each child
+    else:
+        ring = ring_bytes(load, cluster)
+        summed = links.move(clock, (links.worker_out, ring), (links.worker_in, ring),
+                            round_trips=calls * (hosts - 1), burst_cap=load.mlp_bytes / hosts)
+        allreduce = calls * (profile.allreduce_ms * share + waits[0]) + (summed - clock)
+        first_copy = clock + allreduce
+    clock += allreduce
+    push_cpu = (load.push_ops * profile.op_ms + load.push_rows * profile.row_ms
+                + load.update_rows * profile.update_row_ms) * share
+    # the PS host's NIC takes the writes of the workers that have the sum while the root still sends it
+    writes = max(links.move(clock, (links.worker_out, hosted(load.push_rows * row))),
+                 links.move(min(clock, first_copy), (links.ps_in, load.ps_push_rows * row)))
+    push = push_cpu + max(0.0, writes - clock - data, ahead - clock - data)
     on_cpu = cluster.cores_per_host is not None
     schedule = profile.schedule_at(cluster.workers)
     stages = {"data": data, "pull": pull, "compute": compute, "allreduce": allreduce, "push": push,
@@ -352,7 +445,7 @@ def stage_ms(load: Load, cluster: Cluster, profile: Profile) -> dict:
               "other": profile.other_ms * share,
               "schedule": schedule * share if on_cpu else 0.0}
     stages["schedule_wait"] = 0.0 if on_cpu else max(0.0, schedule - sum(stages.values()))
-    return stages
+    return stages, clock + sum(stages[s] for s in ("push", "data", "barrier", "other", "schedule", "schedule_wait"))
 
 
 def iteration_ms(load: Load, cluster: Cluster, profile: Profile) -> float:

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybrid.projection.time_model import (Cluster, Load, Profile, barrier_rounds_ms, bounding_stage, cpu_share,
-                                          iteration_ms, link_ms, refilled, ring_ms, stage_ms, transfer_ms)
+                                          iteration_ms, link_ms, ring_bytes, stage_ms, transfer_ms, tree_bytes)
 
 PROFILE = Profile(op_ms=0.02, row_ms=0.0001, sample_ms=0.05, compute_ms=0.3, data_sample_ms=0.001,
                   allreduce_ms=0.1, barrier_ms=0.04, other_ms=0.2)
@@ -73,10 +73,39 @@ def test_the_ring_allreduce_moves_2_h_minus_1_over_h_of_the_bytes_between_hosts(
     load = Load(samples=1, row_bytes=72, mlp_bytes=1e6)
     apart = Cluster(workers=8, ps=1, workers_per_host=2, gbps=10.0, latency_ms=0.05)
     # 4 hosts: 1.5 MB through each NIC (1.2 ms at 10 Gbit/s), 6 steps of 0.05 ms
-    assert ring_ms(load, apart) == pytest.approx(1.2 + 0.3)
+    assert ring_bytes(load, apart) == pytest.approx(1.5e6)
     assert stage_ms(load, apart, PROFILE)["allreduce"] == pytest.approx(0.1 + 1.2 + 0.3)
-    assert ring_ms(load, Cluster(workers=8, ps=1, workers_per_host=8, gbps=10.0)) == 0.0
-    assert ring_ms(load, Cluster(workers=1, ps=1, gbps=10.0)) == 0.0
+    assert ring_bytes(load, Cluster(workers=8, ps=1, workers_per_host=8, gbps=10.0)) == 0.0
+    assert ring_bytes(load, Cluster(workers=1, ps=1, gbps=10.0)) == 0.0
+
+
+def test_the_patient_sum_between_hosts_is_a_binomial_tree_through_the_root_s_nic():
+    # 3 workers, one per host, sharing 2 cores: Open MPI's in-place Iallreduce reduces up a binomial tree and
+    # broadcasts down it; the root takes 2 whole buffers in, then sends 2 out
+    measured = Profile(**{**PROFILE.__dict__, "collectives": ((3, 5.0, 0.5),)})
+    cluster = Cluster(workers=3, ps=1, workers_per_host=1, gbps=1.0, cores_per_host=2, one_machine=True)
+    load = Load(samples=1, row_bytes=72, mlp_bytes=1e6)
+    assert cluster.patient and tree_bytes(load, cluster) == pytest.approx(2e6)
+    share = cpu_share(cluster, measured)
+    # 2 MB in, then 2 MB out at 125 kB per ms: 32 ms, which outlasts the 5 ms the probe waited unshaped
+    assert stage_ms(load, cluster, measured)["allreduce"] == pytest.approx(0.1 * share + 32.0)
+    small = Load(samples=1, row_bytes=72, mlp_bytes=1e5)  # 3.2 ms of bytes: the probe's 5 ms stands
+    assert stage_ms(small, cluster, measured)["allreduce"] == pytest.approx(0.1 * share + 5.0)
+    assert tree_bytes(load, Cluster(workers=5, ps=1, gbps=1.0)) == pytest.approx(3e6)  # 3 rounds
+
+
+def test_the_writes_wait_for_the_root_s_nic_but_the_ps_takes_them_from_the_first_child_with_the_sum():
+    profile = Profile(op_ms=0.0, row_ms=0.0, sample_ms=0.0)
+    cluster = Cluster(workers=3, ps=1, workers_per_host=1, gbps=1.0, cores_per_host=2, one_machine=True)
+    # the sum: 16 ms in, 16 ms out (the first child has it after 8); writes: 100 kB from the busiest worker's
+    # host (0.8 ms), 1 MB into the PS host (8 ms)
+    load = Load(samples=1, row_bytes=1000, mlp_bytes=1e6, push_rows=100, ps_push_rows=1000)
+    stages = stage_ms(load, cluster, profile)
+    assert stages["allreduce"] == pytest.approx(32.0)
+    # the PS host receives from 24 ms on, 8 ms: done when the sum is; the root's 0.8 ms follow its sends
+    assert stages["push"] == pytest.approx(0.8)
+    heavier = Load(**{**load.__dict__, "ps_push_rows": 3000})  # 24 ms into the PS host from 24: 16 show
+    assert stage_ms(heavier, cluster, profile)["push"] == pytest.approx(16.0)
 
 
 def test_the_barrier_pays_a_round_trip_per_doubling_of_the_workers_between_hosts():
@@ -85,14 +114,17 @@ def test_the_barrier_pays_a_round_trip_per_doubling_of_the_workers_between_hosts
     assert barrier_rounds_ms(Cluster(workers=1, ps=1, gbps=1.0, latency_ms=0.1)) == 0.0
 
 
-def test_the_prefetch_shows_only_where_it_outlasts_compute_and_the_allreduce():
+def test_the_prefetch_shows_only_where_it_outlasts_compute_the_allreduce_and_the_next_batch_s_data():
     cluster = Cluster(workers=1, ps=1, gbps=1.0)
-    # 10,000 rows of 100 B = 8 ms over 1 Gbit/s
+    # 10,000 rows of 100 B = 8 ms over 1 Gbit/s, waited for at the end of push (the loop's flush)
     load = Load(samples=10, row_bytes=100, prefetch_rows=10000, ps_prefetch_rows=10000)
     slow = Profile(op_ms=0.0, row_ms=0.0, sample_ms=1.0)  # compute 10 ms: hidden
-    assert stage_ms(load, cluster, slow)["pull"] == pytest.approx(0.0)
+    assert stage_ms(load, cluster, slow)["push"] == pytest.approx(0.0)
     fast = Profile(op_ms=0.0, row_ms=0.0, sample_ms=0.5)  # compute 5 ms: 3 ms show
-    assert stage_ms(load, cluster, fast)["pull"] == pytest.approx(3.0)
+    stages = stage_ms(load, cluster, fast)
+    assert (stages["pull"], stages["push"]) == pytest.approx((0.0, 3.0))
+    fed = Profile(op_ms=0.0, row_ms=0.0, sample_ms=0.5, data_sample_ms=0.1)  # and 1 ms of data: 2 ms show
+    assert stage_ms(load, cluster, fed)["push"] == pytest.approx(2.0)
 
 
 def test_the_writes_show_only_where_they_outlast_the_next_batch_s_data():
@@ -188,9 +220,9 @@ def test_fae_s_hot_sums_are_a_second_allreduce_and_its_held_out_loss_a_forward_p
     plain = Load(samples=128, row_bytes=72, mlp_bytes=1e6)
     fae = Load(samples=128, row_bytes=72, mlp_bytes=1e6, hot_allreduces=0.5, hot_allreduce_bytes=3e5, eval_samples=30)
     # 3 hosts: (1 MB + 0.3 MB) x 4/3 through each NIC at 10 Gbit/s, 4 steps of 0.05 ms for 1.5 rings
-    assert ring_ms(fae, cluster) == pytest.approx(1.3e6 * 4 / 3 * 8 / 10e9 * 1e3 + 1.5 * 4 * 0.05)
+    assert ring_bytes(fae, cluster) == pytest.approx(1.3e6 * 4 / 3)
     stages, before = stage_ms(fae, cluster, PROFILE), stage_ms(plain, cluster, PROFILE)
-    assert stages["allreduce"] == pytest.approx(1.5 * 0.1 + ring_ms(fae, cluster))
+    assert stages["allreduce"] == pytest.approx(1.5 * 0.1 + 1.3e6 * 4 / 3 * 8 / 10e9 * 1e3 + 1.5 * 4 * 0.05)
     assert stages["pull"] - before["pull"] == pytest.approx(30 * 0.05 / 3)  # a third of a sample's compute
 
 
@@ -202,19 +234,27 @@ def test_an_emulated_link_s_bucket_passes_its_first_bytes_at_once():
     # the PS host's NIC carries 3 x 400 kB, less one bucket
     assert link_ms(400_000, 1_200_000, bucket) == pytest.approx((1_200_000 - 262_144) * 8 / 1e9 * 1e3)
     # a ring's steps follow each other at once: only the first step's chunk (a third of 300 kB) rides it
-    load = Load(samples=1, row_bytes=72, mlp_bytes=300_000)
-    assert ring_ms(load, bucket) == pytest.approx((4 / 3 * 300_000 - 100_000) * 8 / 1e9 * 1e3)  # 2 (h - 1) / h
+    profile = Profile(op_ms=0.0, row_ms=0.0, sample_ms=0.1)  # 10 ms of compute refill the buckets
+    load = Load(samples=100, row_bytes=72, mlp_bytes=300_000)
+    assert stage_ms(load, bucket, profile)["allreduce"] == pytest.approx((4 / 3 * 300_000 - 100_000) * 8 / 1e6)
     with pytest.raises(ValueError, match="burst_bytes"):
         Cluster(workers=1, ps=1, burst_bytes=-1)
 
 
-def test_a_bucket_refills_only_as_far_as_compute_lets_it():
-    # 100 Mbit/s refills 12.5 kB per ms: 2 ms of compute give 25 kB of 256 KiB; at 1 Gbit/s 250 kB
+def test_a_bucket_refills_only_while_its_nic_idles():
+    # 100 Mbit/s refills 12.5 kB per ms
     slow = Cluster(workers=3, ps=1, gbps=0.1, burst_bytes=262_144)
-    assert refilled(slow, 2.0).burst_bytes == pytest.approx(25_000)
-    assert refilled(Cluster(workers=3, ps=1, gbps=1.0, burst_bytes=262_144), 2.0).burst_bytes == pytest.approx(250_000)
-    assert refilled(Cluster(workers=3, ps=1, gbps=1.0), 2.0).burst_bytes == 0.0
     profile = Profile(op_ms=0.0, row_ms=0.0, sample_ms=2.0 / 128)  # 2 ms of compute
     load = Load(samples=128, row_bytes=1000, push_rows=100, ps_push_rows=300)
-    # the PS host receives 300 kB, 25 kB of it at once
+    # the PS host receives 300 kB each iteration, idle 2 ms in between: 25 kB of it at once
     assert stage_ms(load, slow, profile)["push"] == pytest.approx((300_000 - 25_000) * 8 / 0.1e9 * 1e3)
+    # reads from it after 30 ms of compute: the PS host's NIC sent nothing for longer than 21 ms, 256 KiB at once
+    idle = Profile(op_ms=0.0, row_ms=0.0, sample_ms=30.0 / 128)
+    reads = Load(samples=128, row_bytes=1000, pull_rows=100, ps_pull_rows=300)
+    assert stage_ms(reads, slow, idle)["pull"] == pytest.approx((300_000 - 262_144) * 8 / 0.1e9 * 1e3)
+    # the prefetch leaves it right after those reads: its bucket is spent, all 300 kB at the rate, and the
+    # reads of the next iteration find it refilled only for the 6 ms left of the 30 ms of compute: 75 kB
+    ahead = Load(**{**reads.__dict__, "prefetch_rows": 100, "ps_prefetch_rows": 300})
+    after = stage_ms(ahead, slow, idle)
+    assert after["push"] == pytest.approx(0.0)  # 24 ms of prefetch: within compute
+    assert after["pull"] == pytest.approx((300_000 - 75_000) / 12_500)
