@@ -27,7 +27,7 @@ def cmd_project(args) -> int:
     if args.sweep:
         return _sweep(args)
     if args.validate:
-        from hybrid.projection.validation import ONE_HOST_CASES, format_table, validate
+        from hybrid.projection.validation import ONE_HOST_CASES, format_table, plot, validate
 
         e2e = [_workload_profile(item) for item in args.e2e]
         links = [None if rate == "unshaped" else rate for rate in args.links.split(",")]
@@ -37,9 +37,7 @@ def cmd_project(args) -> int:
                           e2e_repeats=args.e2e_repeats,
                           say=lambda line: print(line, file=text_out(args)))
         print(format_table(result), file=text_out(args))
-        if args.json:
-            print(json.dumps(result))
-        return 0
+        return _written(args, result, text_out(args), plot)
     if args.calibrate:
         from hybrid.projection.calibration import calibrate
 
@@ -223,7 +221,7 @@ def register(subparsers) -> None:
                    "--profile's)")
     p.add_argument("--scheduler-threads", type=int, default=16,
                    help="--sweep: each rank's scheduler threads on a GPU host (default 16, the Herald paper's pool)")
-    p.add_argument("--out", help="--sweep: write OUT.json and OUT.png; --paper: OUT.json")
+    p.add_argument("--out", help="--sweep and --validate: write OUT.json and OUT.png; --paper: OUT.json")
     p.add_argument("--cores-per-host", type=int,
                    help="CPU workers: the cores a host's ranks share (default: GPU workers, compute off the CPU)")
     p.add_argument("--one-machine", action="store_true",

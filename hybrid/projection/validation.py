@@ -183,3 +183,45 @@ def format_table(result: dict) -> str:
                  f"of herald over vanilla {result['max_ratio_error']:.2f}, of any ratio "
                  f"{result.get('max_any_ratio_error', 0.0):.2f}")
     return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> None:
+    """Two panels: predicted against measured ms per iteration (log scales, the 15% and 35% bounds shaded),
+    and each case's throughput over its group's first case, predicted against measured (the 0.10 bound)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = result["cases"]
+    figure, (times, ratios) = plt.subplots(1, 2, figsize=(11, 4.6))
+    low = min(min(c["measured_ms"], c["predicted_ms"]) for c in cases) / 1.5
+    high = max(max(c["measured_ms"], c["predicted_ms"]) for c in cases) * 1.5
+    line = [low, high]
+    for bound, alpha in ((0.35, 0.08), (0.15, 0.15)):
+        times.fill_between(line, [x * (1 - bound) for x in line], [x * (1 + bound) for x in line], color="grey",
+                           alpha=alpha, lw=0)
+    times.plot(line, line, color="grey", lw=0.8)
+    for group in dict.fromkeys(c["group"] for c in cases):
+        mine = [c for c in cases if c["group"] == group]
+        times.scatter([c["measured_ms"] for c in mine], [c["predicted_ms"] for c in mine], s=18, label=group)
+        others = [c for c in mine if not c.get("first")]
+        ratios.scatter([c["measured_ratio"] for c in others], [c["predicted_ratio"] for c in others], s=18,
+                       label=group)
+    times.set(xscale="log", yscale="log", xlim=line, ylim=line, xlabel="measured ms per iteration",
+              ylabel="predicted ms per iteration",
+              title=f"median |error| {result['median_error']:.1%}, largest {result['max_error']:.1%}")
+    span = [c[k] for c in cases for k in ("measured_ratio", "predicted_ratio")]
+    edge = [min(span) - 0.1, max(span) + 0.1]
+    ratios.fill_between(edge, [x - 0.1 for x in edge], [x + 0.1 for x in edge], color="grey", alpha=0.15, lw=0)
+    ratios.plot(edge, edge, color="grey", lw=0.8)
+    ratios.set(xlim=edge, ylim=edge, xlabel="measured throughput / the group's first case",
+               ylabel="predicted", title=f"largest error of herald / vanilla {result['max_ratio_error']:.2f}")
+    for axis in (times, ratios):
+        axis.grid(True, which="both", alpha=0.3)
+    ratios.legend(fontsize=7)
+    figure.suptitle(f"hybrid project --validate: {result['config']} on this host, and across emulated hosts",
+                    fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
