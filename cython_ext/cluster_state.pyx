@@ -388,12 +388,13 @@ cdef class ClusterState:
         self.ev_worker = np.zeros(n_ev, dtype=np.int32)
         self.ev_slot = np.zeros(n_ev, dtype=np.int32)
         self.ev_kind = np.zeros(n_ev, dtype=np.int32)
-        self.ev_peer = np.zeros(n_ev, dtype=np.int32)
-        self.ev_peer_slot = np.zeros(n_ev, dtype=np.int32)
+        # fields of some modes' events only: a placeholder elsewhere (read only for those kinds, see record())
+        self.ev_peer = np.zeros(n_ev if p2p else 1, dtype=np.int32)
+        self.ev_peer_slot = np.zeros(n_ev if p2p else 1, dtype=np.int32)
         self.ev_pair = np.zeros(n_ev, dtype=np.int32)
         self.ev_early = np.zeros(n_ev, dtype=np.int8)
         self.ev_turn = np.zeros(n_ev, dtype=np.int32)
-        self.ev_value = np.zeros(n_ev, dtype=np.int64)
+        self.ev_value = np.zeros(n_ev if het else 1, dtype=np.int64)
         self.kind_total = np.zeros(N_KINDS, dtype=np.int64)
         self.pull_span = np.zeros(2 * n_workers, dtype=np.int64)
         self.update_base = 0
@@ -1526,6 +1527,38 @@ cdef class ClusterState:
     def _shape_scalars(self):
         return [self.n_workers, self.n_rows, self.capacity, self.buckets, self.max_pairs, self.full_set, self.p2p]
 
+    def memory_parts(self):
+        """Bytes of the state's arrays by what they hold (``hybrid bench scheduler``'s memory by part).
+
+        Per row: the holder sets; per cache slot of every worker: the caches
+        (slot rows, replacement links) and the row-to-slot tables, and HET's
+        versions; per (row, worker) need of a global batch: the needs, the
+        pairs and the event records, sized for the largest batch.
+        """
+        return {
+            "holder sets": self.holders.nbytes,
+            "caches": (self.slot_row.nbytes + self.lru_links.nbytes + self.lru_head.nbytes + self.lru_tail.nbytes +
+                        self.freq.nbytes + self.lowest.nbytes + self.used.nbytes),
+            "row-to-slot tables": self.table.nbytes,
+            "HET versions": (self.version.nbytes + self.slot_seen.nbytes + self.slot_pending.nbytes +
+                              self.pair_sync.nbytes),
+            "needs": (self.need_table.nbytes + self.need_claim.nbytes + self.need_rows.nbytes +
+                       self.need_masks.nbytes + self.need_trainers.nbytes + self.need_pusher.nbytes +
+                       self.need_focus.nbytes),
+            "pairs": (self.pair_row.nbytes + self.pair_worker.nbytes + self.pair_slot.nbytes +
+                       self.pair_need.nbytes + self.pair_source.nbytes + self.pair_source_slot.nbytes +
+                       self.tmp_row.nbytes + self.tmp_need.nbytes + self.sample_order.nbytes +
+                       self.sample_start.nbytes + self.focus_sample.nbytes + self.focus_entry.nbytes +
+                       self.worker_fill.nbytes + self.worker_start.nbytes + self.worker_kinds.nbytes +
+                       self.worker_bad.nbytes + self.chunk_fill.nbytes),
+            "written bitmaps": (self.written.nbytes + self.written_set.nbytes + self.written_fill.nbytes),
+            "events": (self.ev_row.nbytes + self.ev_worker.nbytes + self.ev_slot.nbytes + self.ev_kind.nbytes +
+                        self.ev_peer.nbytes + self.ev_peer_slot.nbytes + self.ev_pair.nbytes +
+                        self.ev_early.nbytes + self.ev_turn.nbytes + self.ev_value.nbytes +
+                        self.kind_total.nbytes + self.pull_span.nbytes + self.runs.nbytes + self.span_ends.nbytes +
+                        self.span_hash.nbytes),
+        }
+
     def save_arrays(self):
         """The state that outlives an iteration, as NumPy arrays (copies), for a checkpoint.
 
@@ -1688,7 +1721,10 @@ cdef class ClusterState:
 
     def peers(self):
         """For the events of the last call: sending worker and its slot of P2P events, else -1."""
-        p2p = self._in_order(self.ev_kind) == K_P2P
+        kinds = self._in_order(self.ev_kind)
+        if not self.p2p:  # no P2P events, and no peer fields kept
+            return np.full(len(kinds), EMPTY, dtype=np.int32), np.full(len(kinds), EMPTY, dtype=np.int32)
+        p2p = kinds == K_P2P
         return np.where(p2p, self._in_order(self.ev_peer), EMPTY), np.where(p2p, self._in_order(self.ev_peer_slot), EMPTY)
 
     def prefetchable(self):
@@ -1741,6 +1777,7 @@ cdef class ClusterState:
         if w < 0 or w >= self.n_workers:
             raise ValueError(f"worker must be in [0, {self.n_workers}), got {w}")
         cdef int64_t i, k, r
+        cdef bint het = self.staleness >= 0  # event values are kept for HET only
         cdef int64_t[::1] start = np.zeros(N_KINDS + 1, dtype=np.int64)
         cdef int64_t[::1] runs = np.zeros(4, dtype=np.int64)
         if self.spans_valid:
@@ -1771,9 +1808,10 @@ cdef class ClusterState:
                     k = fill[self.ev_kind[i]]
                     fill[self.ev_kind[i]] = k + 1
                     rows[k], slots[k], early[k] = self.ev_row[i], self.ev_slot[i], self.ev_early[i]
-                    values[k] = self.ev_value[i]
+                    values[k] = self.ev_value[i] if het else 0
                     aux[k] = self.ev_peer[i] if self.ev_kind[i] == K_P2P else self.ev_pair[i]
-                    aux2[k] = self.ev_turn[i] if self.ev_kind[i] == K_ACCUMULATE else self.ev_peer_slot[i]
+                    aux2[k] = self.ev_turn[i] if self.ev_kind[i] == K_ACCUMULATE else \
+                        (self.ev_peer_slot[i] if self.ev_kind[i] == K_P2P else EMPTY)
         result = {}
         for k in range(N_KINDS):
             a, b = start[k], start[k + 1]

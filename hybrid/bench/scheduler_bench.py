@@ -25,6 +25,7 @@ from hybrid import modes
 from hybrid.bench.result_files import finish, markdown_table, pyplot
 from hybrid.config import load_config
 from hybrid.data.synthetic import CRITEO_KAGGLE, SyntheticGenerator
+from hybrid.scheduling.amdahl import parallel_part
 
 NAME = "scheduler"
 TITLE = "Scheduling time per global batch by stage (paper Fig. 12)"
@@ -50,6 +51,7 @@ class BenchRow:
     total_runs_ms: list = field(default_factory=list)  # each repeat's total
     memory: dict = field(default_factory=dict)  # what the scheduler holds on a rank (measure_memory)
     speedup: float = 1.0  # over the same case on one thread: the median of per-repeat ratios
+    parallel: dict = field(default_factory=dict)  # stage -> Amdahl's parallel share from its median here and on 1
 
     @property
     def total_ms(self) -> float:
@@ -60,7 +62,9 @@ class BenchRow:
                 "laia": self.laia, "iterations": self.iterations,
                 **{f"{k}_ms": round(v, 4) for k, v in self.ms.items()}, "total_ms": round(self.total_ms, 4),
                 "total_runs_ms": [round(t, 6) for t in self.total_runs_ms],  # ns: speed-ups are ratios of these
-                "speedup_vs_1_thread": round(self.speedup, 3), **self.memory}
+                "speedup_vs_1_thread": round(self.speedup, 3),
+                **({"parallel_share": {k: round(v, 3) for k, v in self.parallel.items()}} if self.parallel else {}),
+                **self.memory}
 
 
 def synthetic_batches(n_samples: int, scale: float, seed: int = 0):
@@ -107,8 +111,11 @@ def measure_memory(sparse, cardinalities, *, workers: int, batch_per_worker: int
     finally:
         tracemalloc.stop()
     slots = workers * scheduler.state.capacity
+    parts = scheduler.state.memory_parts()
+    parts["policy and the rest"] = max(0, held - sum(parts.values()))
     return {"memory_mb": round(held / 2**20, 2), "peak_memory_mb": round(peak / 2**20, 2),
-            "cache_slots": int(slots), "bytes_per_slot": round(held / slots, 1)}
+            "cache_slots": int(slots), "bytes_per_slot": round(held / slots, 1),
+            "memory_parts_mb": {part: round(n / 2**20, 2) for part, n in parts.items()}}
 
 
 def run_case(sparse, cardinalities, *, workers: int, batch_per_worker: int, threads: int, laia: str,
@@ -161,6 +168,9 @@ def run(*, workers=WORKERS, threads=(1, 2), batch_per_worker=(128,), laia=tuple(
         one = runs.get((n, b, 1, variant))
         if one:
             row.speedup = statistics.median(a.total_ms / r.total_ms for a, r in zip(one, runs[(n, b, t, variant)]))
+        if one and t > 1:  # which stages the threads cut, and which hold the serial part
+            single = rows[(n, b, 1, variant)]
+            row.parallel = {s: parallel_part(single.ms[s], row.ms[s], t) for s in STAGES}
     return {"scale": scale, "cache_ratio": cache_ratio, "warmup": warmup, "repeats": repeats, "paper": PAPER,
             "rows": [rows[case].to_dict() for case in cases]}
 
@@ -176,14 +186,24 @@ def format_row(row: BenchRow) -> str:
 
 def format_table(result: dict) -> str:
     """The rows of medians (a row dict holds ``STAGE_ms``), each thread count's speed-up and the memory per rank."""
-    lines = [HEADER + f"{'speed-up':>9}{'MB/rank':>9}{'B/slot':>8}"]
+    lines = [HEADER + f"{'speed-up':>9}{'MB/rank':>9}{'B/slot':>8}  parallel share (scoring/alloc/update/plan)"]
     for r in result["rows"]:
         lines.append(f"{r['workers']:>8}{r['batch_per_worker']:>8}{r['threads']:>8}{r['laia']:>9}"
                      + "".join(f"{r[f'{s}_ms']:>9.3f}" for s in STAGES) + f"{r['total_ms']:>10.3f}"
                      + f"{r.get('speedup_vs_1_thread', 1.0):>8.2f}x{r.get('memory_mb', 0.0):>9.1f}"
-                     f"{r.get('bytes_per_slot', 0.0):>8.1f}")
+                     f"{r.get('bytes_per_slot', 0.0):>8.1f}"
+                     + ("  " + "/".join(f"{r['parallel_share'][s]:.2f}" for s in STAGES) if "parallel_share" in r
+                        else ""))
+    largest = max(r["workers"] for r in result["rows"])
+    for r in result["rows"]:  # where the memory goes: the largest cluster, once per variant
+        if r["workers"] == largest and r["threads"] == min(x["threads"] for x in result["rows"]) \
+                and "memory_parts_mb" in r:
+            lines.append(f"memory at {largest} workers, {r['laia']}: " + ", ".join(
+                f"{part} {mb:.1f} MB" for part, mb in r["memory_parts_mb"].items()))
     return (f"ms per global batch, median of {result['repeats']} runs; speed-up over one thread (median of "
-            f"per-repeat ratios); the scheduler's memory on one rank (all workers' cache slots)\n" + "\n".join(lines))
+            f"per-repeat ratios); the scheduler's memory on one rank (all workers' cache slots); each stage's "
+            f"parallel share, Amdahl's p from its medians on one thread and on this many "
+            f"(hybrid/scheduling/amdahl.py)\n" + "\n".join(lines))
 
 
 def markdown(document: dict) -> str:

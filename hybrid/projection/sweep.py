@@ -30,6 +30,7 @@ from hybrid.projection.loads import loads
 from hybrid.projection.prediction import mlp_bytes
 from hybrid.projection.time_model import CHECK_BYTES, Cluster, Profile, Load, bounding_stage, stage_ms
 from hybrid.runtime.shard_plan import ShardPlan
+from hybrid.scheduling.amdahl import parallel_part, time_on
 
 MAX_THREADS = 1024
 
@@ -49,18 +50,6 @@ class Grid:
     def __post_init__(self):
         if not (self.modes and self.workers and self.gbps and self.ps):
             raise ValueError("a sweep needs at least one mode, worker count, NIC rate and PS count")
-
-
-def parallel_part(one_thread_ms: float, two_threads_ms: float) -> float:
-    """Amdahl's parallel fraction from the times on one and two threads, in [0, 1]."""
-    if one_thread_ms <= 0:
-        return 0.0
-    return min(1.0, max(0.0, 2.0 * (1.0 - two_threads_ms / one_thread_ms)))
-
-
-def schedule_on(threads: int, one_thread_ms: float, part: float) -> float:
-    """The scheduler's ms per global batch on ``threads`` threads (Amdahl)."""
-    return one_thread_ms * ((1.0 - part) + part / threads)
 
 
 def threads_needed(budget_ms: float, one_thread_ms: float, part: float) -> Optional[int]:
@@ -146,7 +135,7 @@ def price(counted: list[Counted], profile: Profile, grid: Grid, gpu: Device,
     for run in counted:
         part = parallel_part(run.schedule_ms_1thread, run.schedule_ms_2threads)
         host = gpu_profile(profile, gpu, run.flops_per_sample, host_ms)
-        host = replace(host, schedule_ms=((run.workers, schedule_on(grid.scheduler_threads, run.schedule_ms_1thread,
+        host = replace(host, schedule_ms=((run.workers, time_on(grid.scheduler_threads, run.schedule_ms_1thread,
                                                                     part)),))
         for gbps in grid.gbps:
             cluster = Cluster(workers=run.workers, ps=run.ps, workers_per_host=grid.workers_per_host, gbps=gbps,

@@ -130,6 +130,11 @@ def test_report_refuses_a_directory_without_results_and_leaves_the_page(tmp_path
     assert "typo: no suite results (transmissions.json" in capsys.readouterr().err and readme.read_text() == page
 
 
+def _two_thread_share(two_threads_ms: float, one_thread_ms: float) -> float:
+    """Amdahl's p, written out: t2 = t1 ((1 - p) + p / 2)."""
+    return min(1.0, max(0.0, 2 * (1 - two_threads_ms / one_thread_ms)))
+
+
 def test_scheduler_bench_reports_every_stage_as_medians(capsys, tmp_path):
     assert main(["bench", "scheduler", "--workers", "2", "--threads", "1,2", "--iterations", "3",
                  "--batch-per-worker", "8", "--scale", "0.001", "--repeats", "2", "--out", str(tmp_path),
@@ -151,6 +156,18 @@ def test_scheduler_bench_reports_every_stage_as_medians(capsys, tmp_path):
         assert row["speedup_vs_1_thread"] == pytest.approx(sum(ratios) / 2, abs=1e-3)
         # memory per rank: every worker's slots (2 workers) at least 4 bytes each, the same at any thread count
         assert row["memory_mb"] > 0 and row["bytes_per_slot"] > 4 and row["memory_mb"] == one["memory_mb"]
+        # by part: the state's arrays, and what the tracer saw besides them, adding up to the whole
+        parts = row["memory_parts_mb"]
+        assert {"holder sets", "caches", "row-to-slot tables", "events", "policy and the rest"} <= set(parts)
+        assert sum(parts.values()) == pytest.approx(row["memory_mb"], abs=0.1) and parts["events"] > 0
+        # each stage's parallel share on 2 threads: Amdahl's p from the two rows' medians (rounded to 3 decimals)
+        if row["threads"] == 1:
+            assert "parallel_share" not in row
+        else:
+            for s in scheduler_bench.STAGES:  # the JSON's ms are rounded to 1e-4: p within what that allows
+                low = _two_thread_share(row[f"{s}_ms"] + 5e-5, one[f"{s}_ms"] - 5e-5)
+                high = _two_thread_share(row[f"{s}_ms"] - 5e-5, one[f"{s}_ms"] + 5e-5)
+                assert low - 1e-3 <= row["parallel_share"][s] <= high + 1e-3
 
 
 def test_preprocess_bench_times_the_floor_and_each_process_count_on_one_input(capsys, tmp_path):

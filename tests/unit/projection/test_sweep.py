@@ -7,7 +7,8 @@ import pytest
 from hybrid.cli import main
 from hybrid.config import load_config
 from hybrid.projection.gpu import DEVICES, Device, flops_per_sample, gpu_profile
-from hybrid.projection.sweep import nic_gbps, parallel_part, ps_memory_gb, schedule_on, threads_needed
+from hybrid.projection.sweep import nic_gbps, ps_memory_gb, threads_needed
+from hybrid.scheduling.amdahl import parallel_part, time_on
 from hybrid.projection.time_model import Cluster, Load, Profile
 
 
@@ -35,7 +36,9 @@ def test_a_gpu_computes_flops_at_its_stated_rate_and_keeps_the_host_fixed_cost()
 def test_amdahl_from_one_and_two_threads():
     assert parallel_part(10.0, 6.0) == pytest.approx(0.8)  # 10 (0.2 + 0.8 / 2) = 6
     assert parallel_part(10.0, 11.0) == 0.0 and parallel_part(10.0, 4.0) == 1.0
-    assert schedule_on(4, 10.0, 0.8) == pytest.approx(10.0 * (0.2 + 0.2))
+    assert time_on(4, 10.0, 0.8) == pytest.approx(10.0 * (0.2 + 0.2))
+    assert parallel_part(10.0, 4.0, threads=4) == pytest.approx(0.8)  # 10 (0.2 + 0.8 / 4) = 4
+    assert parallel_part(10.0, 5.0, threads=1) == 0.0  # one thread says nothing
     assert threads_needed(12.0, 10.0, 0.8) == 1
     assert threads_needed(4.0, 10.0, 0.8) == 4  # 2 + 8 / n <= 4
     assert threads_needed(3.0, 10.0, 0.8) == 8

@@ -410,3 +410,19 @@ def test_pulls_are_prefetchable_exactly_when_the_previous_iteration_wrote_nothin
         state.plan(following, None if following is None else (np.arange(len(following)) % n_workers).astype(np.int32))
         kind, _, row, _ = state.events()
         written |= set(row[np.isin(kind, pushes)].tolist())
+
+
+def test_memory_parts_count_each_array_where_it_belongs():
+    # 3 workers + the PS: one 64-bit word per holder set; 100 slots per worker; LRU keeps no frequencies
+    state = ClusterState(n_workers=3, n_rows=1000, capacity=100, full_set=False, max_pairs=64)
+    parts = state.memory_parts()
+    assert parts["holder sets"] == 1000 * 8
+    # slot rows (4 B), two LRU links (8 B) per slot; a head, a tail, the lowest bucket and the slots used per
+    # worker (4 B each); one frequency placeholder
+    assert parts["caches"] == 300 * 4 + 600 * 4 + 4 * 3 * 4 + 4
+    assert parts["row-to-slot tables"] == 3 * (100 + 50 + 1) * 8  # load <= 2/3, 8-byte entries
+    assert parts["HET versions"] == 8 + 8 + 4 + 1  # placeholders without HET
+    het = ClusterState(n_workers=3, n_rows=1000, capacity=100, full_set=False, max_pairs=64, staleness=0)
+    # a version per row, a seen version and a pending count per slot, a flag per pair
+    assert het.memory_parts()["HET versions"] == 1000 * 8 + 300 * (8 + 4) + 64
+    assert het.memory_parts()["events"] > parts["events"]  # HET: 4 events per pair, not 3
