@@ -260,27 +260,6 @@ CHECK_BYTES = 16  # a version check: the row's id out, its version back
 FORWARD_SHARE = 1 / 3
 
 
-def transfer_ms(nbytes: float, gbps: Optional[float], burst_bytes: float = 0.0) -> float:
-    """Milliseconds to move ``nbytes`` over a ``gbps`` link (0 without a link), the first ``burst_bytes``
-    at once (a token bucket refilled since the link's last use)."""
-    return 0.0 if gbps is None else max(0.0, nbytes - burst_bytes) * 8 / (gbps * 1e9) * 1e3
-
-
-def link_ms(worker_bytes: float, ps_bytes: float, cluster: Cluster) -> float:
-    """Bytes of one direction of one stage over idle links: the busier of a worker host's NIC and the busiest
-    PS host's NIC, each with its bucket full, and a round trip.
-
-    ``worker_bytes``: what the busiest worker moves (a host carries that
-    for each of its workers); ``ps_bytes``: what all workers move from or
-    to the busiest PS rank. Nothing moves: no round trip either.
-    """
-    if cluster.gbps is None or not (worker_bytes or ps_bytes):
-        return 0.0
-    burst = cluster.burst_bytes
-    return max(transfer_ms(host_bytes(worker_bytes, cluster), cluster.gbps, burst),
-               transfer_ms(ps_bytes, cluster.gbps, burst)) + 2 * cluster.latency_ms
-
-
 def host_bytes(worker_bytes: float, cluster: Cluster) -> float:
     """What a worker host's NIC carries when each of its workers moves ``worker_bytes``."""
     return worker_bytes * min(cluster.workers, cluster.workers_per_host)
