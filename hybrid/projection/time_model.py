@@ -367,8 +367,10 @@ def stage_ms(load: Load, cluster: Cluster, profile: Profile) -> dict:
       longer.
     - ``push``: its operations, then the writes, which travel during the
       next batch's ``data`` (they show only by what they take longer) and
-      wait for the worker host's NIC to finish the allreduce's bytes; the
-      stage ends when the prefetch has arrived too (the loop's flush).
+      wait for the worker host's NIC to finish the allreduce's bytes (in
+      the patient tree the PS host's NIC takes the other workers' writes
+      from the first child's copy of the sum on); the stage ends when the
+      prefetch has arrived too (the loop's flush).
     """
     links, iteration, clock = _Links(cluster), {}, 0.0
     for _ in range(SETTLING_ITERATIONS + 1):
