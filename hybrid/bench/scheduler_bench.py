@@ -195,9 +195,9 @@ def format_table(result: dict) -> str:
                      + ("  " + "/".join(f"{r['parallel_share'][s]:.2f}" for s in STAGES) if "parallel_share" in r
                         else ""))
     largest = max(r["workers"] for r in result["rows"])
+    fewest = min(r["threads"] for r in result["rows"])
     for r in result["rows"]:  # where the memory goes: the largest cluster, once per variant
-        if r["workers"] == largest and r["threads"] == min(x["threads"] for x in result["rows"]) \
-                and "memory_parts_mb" in r:
+        if r["workers"] == largest and r["threads"] == fewest and "memory_parts_mb" in r:
             lines.append(f"memory at {largest} workers, {r['laia']}: " + ", ".join(
                 f"{part} {mb:.1f} MB" for part, mb in r["memory_parts_mb"].items()))
     return (f"ms per global batch, median of {result['repeats']} runs; speed-up over one thread (median of "

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from hybrid import modes
+from hybrid.bench.result_files import finish, pyplot
 from hybrid.bench.simulated import ensure_store
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
@@ -193,14 +194,9 @@ def format_table(result: dict) -> str:
 
 def plot(result: dict, path: str) -> None:
     """Global samples/s against workers, a panel per (PS hosts, NIC rate), a line per mode."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = result["rows"]
     panels = sorted({(r["ps"], r["gbps"]) for r in rows})
-    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False, sharey=True)
+    figure, axes = pyplot().subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False, sharey=True)
     for axis, (ps, gbps) in zip(axes[0], panels):
         for mode in dict.fromkeys(r["mode"] for r in rows):
             points = sorted((r["workers"], r["samples_per_s"]) for r in rows
@@ -210,8 +206,4 @@ def plot(result: dict, path: str) -> None:
         axis.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("samples/s (projected)")
     axes[0][0].legend()
-    figure.suptitle(f"{result['config']}: projected on {result['gpu']['name']} workers (compute stated, not measured)",
-                    fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    finish(figure, path, f"{result['config']}: projected on {result['gpu']['name']} workers (compute stated, not measured)")

@@ -48,8 +48,8 @@ inputs are described in docs/projection.md.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 from functools import partial
-from dataclasses import dataclass, fields, replace
 from typing import Optional
 
 STAGES = ("data", "pull", "compute", "allreduce", "push", "barrier", "other", "schedule")
@@ -405,19 +405,19 @@ def _iteration(load: Load, cluster: Cluster, profile: Profile, links: _Links, cl
         gathered = links.move(clock, (links.worker_in, tree_bytes(load, cluster)), round_trips=calls * rounds / 2)
         summed = links.move(gathered, (links.worker_out, tree_bytes(load, cluster)), round_trips=calls * rounds / 2)
         allreduce = calls * profile.allreduce_ms * share + max(calls * waits[0], summed - clock)
-        first_copy = gathered + (summed - gathered) / rounds  # the root sends a copy to each child
+        writes_start = gathered + (summed - gathered) / rounds  # the first child's copy of the sum
     else:
         ring = ring_bytes(load, cluster)
         summed = links.move(clock, (links.worker_out, ring), (links.worker_in, ring),
                             round_trips=calls * (hosts - 1), burst_cap=load.mlp_bytes / hosts)
         allreduce = calls * (profile.allreduce_ms * share + waits[0]) + (summed - clock)
-        first_copy = clock + allreduce
+        writes_start = math.inf  # every worker has the sum when the stage ends
     clock += allreduce
     push_cpu = (load.push_ops * profile.op_ms + load.push_rows * profile.row_ms
                 + load.update_rows * profile.update_row_ms) * share
     # the PS host's NIC takes the writes of the workers that have the sum while the root still sends it
     writes = max(links.move(clock, (links.worker_out, hosted(load.push_rows * row))),
-                 links.move(min(clock, first_copy), (links.ps_in, load.ps_push_rows * row)))
+                 links.move(min(clock, writes_start), (links.ps_in, load.ps_push_rows * row)))
     push = push_cpu + max(0.0, writes - clock - data, ahead - clock - data)
     on_cpu = cluster.cores_per_host is not None
     schedule = profile.schedule_at(cluster.workers)

@@ -27,6 +27,7 @@ import statistics
 from typing import Callable, Optional
 
 from hybrid.bench import case_overrides, train_bench
+from hybrid.bench.result_files import finish, pyplot
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
 from hybrid.projection.calibration import FLOOR, read_profile
@@ -188,13 +189,8 @@ def format_table(result: dict) -> str:
 def plot(result: dict, path: str) -> None:
     """Two panels: predicted against measured ms per iteration (log scales, the 15% and 35% bounds shaded),
     and each case's throughput over its group's first case, predicted against measured (the 0.10 bound)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cases = result["cases"]
-    figure, (times, ratios) = plt.subplots(1, 2, figsize=(11, 4.6))
+    figure, (times, ratios) = pyplot().subplots(1, 2, figsize=(11, 4.6))
     low = min(min(c["measured_ms"], c["predicted_ms"]) for c in cases) / 1.5
     high = max(max(c["measured_ms"], c["predicted_ms"]) for c in cases) * 1.5
     line = [low, high]
@@ -220,8 +216,4 @@ def plot(result: dict, path: str) -> None:
     for axis in (times, ratios):
         axis.grid(True, which="both", alpha=0.3)
     ratios.legend(fontsize=7)
-    figure.suptitle(f"hybrid project --validate: {result['config']} on this host, and across emulated hosts",
-                    fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    finish(figure, path, f"hybrid project --validate: {result['config']} on this host, and across emulated hosts")
