@@ -46,8 +46,8 @@ Memory, per rank: 8 bytes per embedding row per 64 holders (the holder bits),
 24 bytes per cache slot of every worker (4 row + 8 replacement links + 12 for
 the row -> slot table of 8-byte entries at load <= 2/3; LFU adds 4), and
 scratch that follows the global batch (the event records and the pairs:
-about 250 bytes per (worker, row) pair of a batch; the needs table follows
-the distinct rows a batch needs), and two bitmaps of the rows written to the
+about 125 bytes per (worker, row) pair of a batch; the needs table and its
+records follow the distinct rows a batch needs), and two bitmaps of the rows written to the
 PS (1/4 byte per row, 1/8 more for the lists of their words in use).
 Nothing per iteration touches an array of table or cache size.
 """
@@ -346,22 +346,17 @@ cdef class ClusterState:
         self.max_need_bits = bits
         self.size_needs(min(bits, max(MIN_NEED_BITS, table_bits(4 * threads * NEED_BLOCK))))
         self.epoch = 0
-        cdef int64_t needs = max_pairs + threads * NEED_BLOCK
         self.need_claim = np.zeros(8 * threads, dtype=np.int64)  # a cache line per thread
-        self.need_rows = np.zeros(needs, dtype=np.int64)
-        self.need_masks = np.zeros(needs * self.words, dtype=np.uint64)
         self.pair_row = np.zeros(max_pairs, dtype=np.int64)
         self.pair_worker = np.zeros(max_pairs, dtype=np.int32)
         self.pair_slot = np.zeros(max_pairs, dtype=np.int32)
         self.pair_need = np.zeros(max_pairs, dtype=np.int32)
         self.pair_source = np.full(max_pairs, EMPTY, dtype=np.int32)
         self.pair_source_slot = np.full(max_pairs, EMPTY, dtype=np.int32)
-        self.need_trainers = np.zeros(needs, dtype=np.int32)
-        self.need_pusher = np.full(needs, EMPTY, dtype=np.int32)
         self.accumulate_rounds = 0
         self.tmp_row = np.zeros(max_pairs, dtype=np.int64)
         self.tmp_need = np.zeros(max_pairs, dtype=np.int32)
-        self.sample_order = np.zeros(max_pairs, dtype=np.int64)
+        self.sample_order = np.zeros(0, dtype=np.int64)  # sized by set_needs to the largest batch's samples
         self.sample_start = np.zeros(n_workers + 1, dtype=np.int64)
         self.worker_fill = np.zeros(n_workers + 1, dtype=np.int64)
         self.worker_start = np.zeros(n_workers + 1, dtype=np.int64)
@@ -372,8 +367,7 @@ cdef class ClusterState:
         self.n_pairs = 0
         self.needs_ready = False
         self.n_tables = 0
-        self.need_focus = np.full(needs, EMPTY, dtype=np.int32)
-        self.focus_sample = np.zeros(max_pairs, dtype=np.int64)
+        self.focus_sample = np.zeros(0, dtype=np.int64)
         self.focus_entry = np.zeros(max_pairs, dtype=np.int32)
         self.n_focus = 0
 
@@ -591,6 +585,14 @@ cdef class ClusterState:
         self.need_table = np.zeros(2 << bits, dtype=np.int64)
         # the largest table holds max_pairs rows at load <= 1/2: it never needs to grow
         self.need_limit = (<int64_t>1 << bits) // 2 if bits < self.max_need_bits else INT64_MAX
+        # the need records follow the table: indices stop a block per thread past need_limit at most
+        cdef int64_t needs = min(self.need_limit, self.max_pairs) + self.threads * NEED_BLOCK
+        if self.need_rows is None or self.need_rows.shape[0] != needs:
+            self.need_rows = np.zeros(needs, dtype=np.int64)
+            self.need_masks = np.zeros(needs * self.words, dtype=np.uint64)
+            self.need_trainers = np.zeros(needs, dtype=np.int32)
+            self.need_pusher = np.full(needs, EMPTY, dtype=np.int32)
+            self.need_focus = np.full(needs, EMPTY, dtype=np.int32)
 
     cdef inline int64_t need_index(self, int64_t row) noexcept nogil:
         """Index of ``row`` among this iteration's needed rows, or -1 (once the needs are set)."""
@@ -815,7 +817,7 @@ cdef class ClusterState:
         bad = np.flatnonzero((np.asarray(alloc) < 0) | (np.asarray(alloc) >= self.n_workers))
         if len(bad):
             raise ValueError(f"alloc[{bad[0]}] = {alloc[bad[0]]} is not a worker in [0, {self.n_workers})")
-        if rows.shape[0] > self.sample_order.shape[0]:  # only with no tables: max_pairs bounds samples x tables
+        if rows.shape[0] > self.sample_order.shape[0]:
             self.sample_order = np.zeros(rows.shape[0], dtype=np.int64)
             self.focus_sample = np.zeros(rows.shape[0], dtype=np.int64)
         self.needs_ready = False  # gathering overwrites the earlier needs, and may refuse this batch
@@ -1666,7 +1668,7 @@ cdef class ClusterState:
         clone.slot_pending[:] = self.slot_pending
         clone.worker_start[:] = self.worker_start
         clone.need_focus[:] = self.need_focus
-        clone.focus_sample[:] = self.focus_sample
+        clone.focus_sample = np.asarray(self.focus_sample).copy()
         clone.focus_entry[:] = self.focus_entry
         clone.epoch, clone.n_need, clone.n_pairs = self.epoch, self.n_need, self.n_pairs
         clone.needs_ready, clone.n_tables, clone.n_focus = self.needs_ready, self.n_tables, self.n_focus

@@ -426,3 +426,21 @@ def test_memory_parts_count_each_array_where_it_belongs():
     # a version per row, a seen version and a pending count per slot, a flag per pair
     assert het.memory_parts()["HET versions"] == 1000 * 8 + 300 * (8 + 4) + 64
     assert het.memory_parts()["events"] > parts["events"]  # HET: 4 events per pair, not 3
+
+
+
+def test_need_records_follow_the_rows_a_batch_needs_not_max_pairs():
+    # room for 500,000 pairs, but the needs table starts at 2**14 entries (8,192 rows at load 1/2) and its
+    # records (8 B row, 8 B holder word, three 4 B fields) with it, a block of 64 per thread beyond
+    state = ClusterState(n_workers=3, n_rows=100_000, capacity=30_000, full_set=False, max_pairs=500_000)
+    claims, table = 8 * 8, (2 << 14) * 8
+    assert state.memory_parts()["needs"] == claims + table + (8_192 + 64) * 28  # not 500,064 records
+    # 30,000 distinct rows fill it: it grows by 4x, records included, and the batch is trained whole
+    rows = np.arange(30_000, dtype=np.int64)[:, None]
+    state.set_needs(rows, (np.arange(30_000) % 3).astype(np.int32))
+    assert state.memory_parts()["needs"] == claims + (2 << 16) * 8 + (32_768 + 64) * 28
+    state.train()
+    kind, worker, row, _ = state.events()
+    pulled = kind == KIND_NAMES.index("pull")
+    assert sorted(row[pulled].tolist()) == list(range(30_000))
+    assert (worker[pulled] == row[pulled] % 3).all()
