@@ -43,11 +43,12 @@ entries by compare-and-swap, so where a row lands in it depends on timing,
 never whether it is there.
 
 Memory, per rank: 8 bytes per embedding row per 64 holders (the holder bits),
-24 bytes per cache slot of every worker (4 row + 8 replacement links + 12 for
-the row -> slot table of 8-byte entries at load <= 2/3; LFU adds 4), and
-scratch that follows the global batch (the event records and the pairs:
-about 125 bytes per (worker, row) pair of a batch; the needs table and its
-records follow the distinct rows a batch needs), and two bitmaps of the rows written to the
+14 bytes per cache slot of every worker (4 row + 4 replacement links of 16
+bits, 8 where a worker has 65,536 slots or more, + 6 for the row -> slot
+table of 4-byte entries at load <= 2/3; LFU adds 4), and scratch that
+follows the global batch (the event records and the pairs: about 76 bytes
+per (worker, row) pair of a batch; the needs table and its records follow
+the distinct rows a batch needs), and two bitmaps of the rows written to the
 PS (1/4 byte per row, 1/8 more for the lists of their words in use).
 Nothing per iteration touches an array of table or cache size.
 """
@@ -56,7 +57,7 @@ import hashlib
 cimport cython
 import numpy as np
 from cython.parallel cimport prange, threadid
-from libc.stdint cimport INT64_MAX, int8_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memset
 
 from atomics cimport and_u64_if, cas_i64_if, fetch_add_i64, fetch_or_u64, load_i64, or_u64_if, store_i64
@@ -115,6 +116,8 @@ class StateError(RuntimeError):
 
 
 cdef int64_t LOW32 = (<int64_t>1 << 32) - 1
+cdef uint32_t TABLE_EMPTY = 0xFFFFFFFF
+cdef uint16_t NARROW_EMPTY = 0xFFFF
 cdef uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL
 
 
@@ -197,15 +200,23 @@ cdef class ClusterState:
     # from most to least recently used. LRU is the case of one bucket; LFU
     # evicts from the lowest non-empty bucket (counts saturate at buckets - 1).
     cdef readonly int buckets
-    cdef int32_t[::1] lru_links              # slot k of all workers' slots: [2k] more recent, [2k + 1] less (one line)
+    # slot k of all workers' slots: [2k] more recent, [2k + 1] less (one line); 16 bits each where every
+    # slot number fits (lru_links16, NARROW_EMPTY for none), else 32 (lru_links): read through link()
+    cdef bint narrow
+    cdef uint16_t[::1] lru_links16
+    cdef int32_t[::1] lru_links
     cdef int32_t[::1] lru_head               # [worker * buckets + f]: most recent slot of bucket f
     cdef int32_t[::1] lru_tail               # least recent slot of bucket f
     cdef int32_t[::1] freq                   # LFU: bucket of each slot (unused with one bucket)
     cdef int32_t[::1] lowest                 # per worker: no non-empty bucket below this one
     cdef int32_t[::1] used                   # slots handed out per worker
-    # row -> slot per worker: open addressing over slot ids, [worker * table_size + i]
-    cdef int64_t[::1] table
+    # row -> slot per worker: open addressing over slot ids, [worker * table_size + i]; an entry holds,
+    # from its low bits, the slot, its distance from its row's home (saturating at far), a tag of the row
+    cdef uint32_t[::1] table
     cdef int64_t table_size
+    cdef int slot_bits, tag_shift
+    cdef readonly int distance_bits
+    cdef uint32_t slot_mask, distance_mask, far
 
     # Needs of the current iteration: distinct rows (found through an
     # epoch-tagged hash table of batch size: no per-row array), their worker
@@ -226,8 +237,8 @@ cdef class ClusterState:
     cdef int64_t[::1] need_rows
     cdef uint64_t[::1] need_masks            # n_need * words, same bit layout as holders
     cdef int64_t n_pairs
-    cdef int64_t[::1] pair_row
-    cdef int32_t[::1] pair_worker
+    cdef int32_t[::1] pair_row               # rows < 2**31, as in the caches
+    cdef int16_t[::1] pair_worker             # workers < 2**15
     cdef int32_t[::1] pair_slot
     cdef int32_t[::1] pair_need              # index of the pair's row in need_rows
     cdef int32_t[::1] pair_source            # P2P: worker sending the pair's row (EMPTY: none)
@@ -235,7 +246,7 @@ cdef class ClusterState:
     cdef int32_t[::1] need_trainers          # workers needing each row
     cdef int32_t[::1] need_pusher            # plan(): the worker whose pair pushes each row (EMPTY: none)
     cdef readonly int accumulate_rounds      # most trainers of one shared row in the last train() (0: none)
-    cdef int64_t[::1] tmp_row                # set_needs scratch: each worker's pairs at its samples' offset
+    cdef int32_t[::1] tmp_row                # set_needs scratch: each worker's pairs at its samples' offset
     cdef int32_t[::1] tmp_need               # (and plan(): the owner pushing each pair's row, or EMPTY)
     cdef int64_t[::1] sample_order           # samples by worker, in batch order within a worker
     cdef int64_t[::1] sample_start           # samples of worker w: sample_order[sample_start[w]:sample_start[w+1]]
@@ -264,15 +275,17 @@ cdef class ClusterState:
     # Event records of the last train()/plan() call. After train() they are
     # runs with gaps (each worker's pulls in a region of its own, so workers
     # run in parallel; then one update per pair): ``runs`` lists them in order.
-    cdef int64_t[::1] ev_row
-    cdef int32_t[::1] ev_worker
+    # Each field as narrow as its values (rows < 2**31, workers < 2**15):
+    # three records per pair of the largest batch are most of the scratch.
+    cdef int32_t[::1] ev_row
+    cdef int16_t[::1] ev_worker
     cdef int32_t[::1] ev_slot
-    cdef int32_t[::1] ev_kind
+    cdef int8_t[::1] ev_kind
     cdef int32_t[::1] ev_peer                # P2P: the sending worker and its slot, else EMPTY
     cdef int32_t[::1] ev_peer_slot
     cdef int32_t[::1] ev_pair                # updates: position of the row among its worker's pairs
     cdef int8_t[::1] ev_early                # pulls: prefetchable
-    cdef int32_t[::1] ev_turn                # Accumulates: how many workers before this one train the row
+    cdef int16_t[::1] ev_turn                # Accumulates: how many workers before this one train the row
     cdef int64_t[::1] ev_value               # HET: a version check's expected version, a push's update count
     cdef int64_t n_events                    # events in all runs
     cdef int64_t[::1] runs                   # [2r], [2r + 1]: start and end of run r
@@ -290,11 +303,11 @@ cdef class ClusterState:
 
     def __init__(self, *, int n_workers, int64_t n_rows, int64_t capacity, bint full_set,
                  int64_t max_pairs, bint p2p=False, str policy="lru", int focus=-1, bint annotate=True,
-                 int staleness=-1, int threads=1):
+                 int staleness=-1, int threads=1, int distance_bits=6):
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
-        if n_workers < 1:
-            raise ValueError(f"n_workers must be >= 1, got {n_workers}")
+        if n_workers < 1 or n_workers >= 2**15:
+            raise ValueError(f"n_workers must be in [1, 2**15), got {n_workers}")
         if n_rows < 1 or n_rows >= 2**31:
             raise ValueError(f"n_rows must be in [1, 2**31), got {n_rows}")
         if capacity < 1:
@@ -333,28 +346,39 @@ cdef class ClusterState:
         if policy not in ("lru", "lfu"):
             raise ValueError(f"policy must be 'lru' or 'lfu', got {policy!r}")
         self.buckets = 1 if policy == "lru" else LFU_BUCKETS
-        self.lru_links = np.full(2 * n_workers * capacity, EMPTY, dtype=np.int32)
+        self.narrow = capacity <= NARROW_EMPTY  # slots 0 .. NARROW_EMPTY - 1
+        self.lru_links16 = np.full(2 * n_workers * capacity if self.narrow else 1, NARROW_EMPTY, dtype=np.uint16)
+        self.lru_links = np.full(1 if self.narrow else 2 * n_workers * capacity, EMPTY, dtype=np.int32)
         self.lru_head = np.full(n_workers * self.buckets, EMPTY, dtype=np.int32)
         self.lru_tail = np.full(n_workers * self.buckets, EMPTY, dtype=np.int32)
         self.freq = np.zeros(n_workers * capacity if self.buckets > 1 else 1, dtype=np.int32)
         self.lowest = np.zeros(n_workers, dtype=np.int32)
         self.used = np.zeros(n_workers, dtype=np.int32)
         self.table_size = capacity + capacity // 2 + 1  # load <= 2/3
-        self.table = np.full(n_workers * self.table_size, EMPTY, dtype=np.int64)
+        self.table = np.full(n_workers * self.table_size, TABLE_EMPTY, dtype=np.uint32)
+        # one bit more than the largest slot needs, so that no entry is TABLE_EMPTY; what is left of 32 bits
+        # goes to the distance (at most half of it: the tag keeps the rest; tests ask for fewer bits, so that
+        # distances saturate in small tables too)
+        self.slot_bits = int(capacity).bit_length()
+        self.distance_bits = max(0, min(distance_bits, (32 - self.slot_bits) // 2))
+        self.tag_shift = self.slot_bits + self.distance_bits
+        self.slot_mask = (1 << self.slot_bits) - 1
+        self.far = (1 << self.distance_bits) - 1
+        self.distance_mask = self.far << self.slot_bits
 
         cdef int bits = table_bits(2 * max_pairs)  # load <= 1/2
         self.max_need_bits = bits
         self.size_needs(min(bits, max(MIN_NEED_BITS, table_bits(4 * threads * NEED_BLOCK))))
         self.epoch = 0
         self.need_claim = np.zeros(8 * threads, dtype=np.int64)  # a cache line per thread
-        self.pair_row = np.zeros(max_pairs, dtype=np.int64)
-        self.pair_worker = np.zeros(max_pairs, dtype=np.int32)
+        self.pair_row = np.zeros(max_pairs, dtype=np.int32)
+        self.pair_worker = np.zeros(max_pairs, dtype=np.int16)
         self.pair_slot = np.zeros(max_pairs, dtype=np.int32)
         self.pair_need = np.zeros(max_pairs, dtype=np.int32)
-        self.pair_source = np.full(max_pairs, EMPTY, dtype=np.int32)
-        self.pair_source_slot = np.full(max_pairs, EMPTY, dtype=np.int32)
+        self.pair_source = np.full(max_pairs if p2p else 1, EMPTY, dtype=np.int32)  # P2P's only (source())
+        self.pair_source_slot = np.full(max_pairs if p2p else 1, EMPTY, dtype=np.int32)
         self.accumulate_rounds = 0
-        self.tmp_row = np.zeros(max_pairs, dtype=np.int64)
+        self.tmp_row = np.zeros(max_pairs, dtype=np.int32)
         self.tmp_need = np.zeros(max_pairs, dtype=np.int32)
         self.sample_order = np.zeros(0, dtype=np.int64)  # sized by set_needs to the largest batch's samples
         self.sample_start = np.zeros(n_workers + 1, dtype=np.int64)
@@ -368,7 +392,7 @@ cdef class ClusterState:
         self.needs_ready = False
         self.n_tables = 0
         self.focus_sample = np.zeros(0, dtype=np.int64)
-        self.focus_entry = np.zeros(max_pairs, dtype=np.int32)
+        self.focus_entry = np.zeros(0, dtype=np.int32)  # sized by set_needs to the focus worker's entries
         self.n_focus = 0
 
         self.written_words = (n_rows + 63) // 64
@@ -378,16 +402,16 @@ cdef class ClusterState:
         self.iteration = -1
 
         cdef int64_t n_ev = (4 if het else 3) * max_pairs  # HET: check, pull and an eviction per pair, + update
-        self.ev_row = np.zeros(n_ev, dtype=np.int64)
-        self.ev_worker = np.zeros(n_ev, dtype=np.int32)
+        self.ev_row = np.zeros(n_ev, dtype=np.int32)
+        self.ev_worker = np.zeros(n_ev, dtype=np.int16)
         self.ev_slot = np.zeros(n_ev, dtype=np.int32)
-        self.ev_kind = np.zeros(n_ev, dtype=np.int32)
+        self.ev_kind = np.zeros(n_ev, dtype=np.int8)
         # fields of some modes' events only: a placeholder elsewhere (read only for those kinds, see record())
         self.ev_peer = np.zeros(n_ev if p2p else 1, dtype=np.int32)
         self.ev_peer_slot = np.zeros(n_ev if p2p else 1, dtype=np.int32)
         self.ev_pair = np.zeros(n_ev, dtype=np.int32)
         self.ev_early = np.zeros(n_ev, dtype=np.int8)
-        self.ev_turn = np.zeros(n_ev, dtype=np.int32)
+        self.ev_turn = np.zeros(n_ev, dtype=np.int16)
         self.ev_value = np.zeros(n_ev if het else 1, dtype=np.int64)
         self.kind_total = np.zeros(N_KINDS, dtype=np.int64)
         self.pull_span = np.zeros(2 * n_workers, dtype=np.int64)
@@ -435,72 +459,141 @@ cdef class ClusterState:
         return bit - 1
 
     # ------------------------------------------------------------ row -> slot
-    # Entries pack (row << 32 | slot), so probing never reads slot_row: the
-    # lookups run at memory latency and each avoided miss counts.
+    # Four-byte entries (docs/design.md section 3, memory). The tag rules out
+    # almost every other row on a probe without reading slot_row, where a
+    # match is confirmed; the distance gives an entry's home when a deletion
+    # shifts entries back, without reading slot_row either (but where it
+    # saturated). Linear probing, deletion by backward shift (no tombstones).
     cdef inline int64_t home(self, int64_t row) noexcept nogil:
         return <int64_t>(((row_hash(row) & LOW32) * <uint64_t>self.table_size) >> 32)
 
-    cdef inline int32_t find(self, int w, int64_t row) noexcept nogil:
-        cdef int64_t base = w * self.table_size
-        cdef int64_t i = self.home(row)
-        cdef int64_t entry
+    cdef inline uint32_t tag(self, int64_t row) noexcept nogil:
+        """An entry's tag bits for ``row`` (its distance bits 0)."""
+        return <uint32_t>((row_hash(row) >> 32) << self.tag_shift)
+
+    cdef inline uint32_t mark(self, int64_t row, int64_t distance) noexcept nogil:
+        """An entry's bits above the slot for ``row`` ``distance`` entries past its home."""
+        return self.tag(row) | (<uint32_t>min(distance, <int64_t>self.far) << self.slot_bits)
+
+    cdef inline int64_t entry_home(self, int w, int64_t i, uint32_t entry) noexcept nogil:
+        """The home of the entry at ``i``: from its distance, or from its row where the distance saturated."""
+        cdef int64_t d = (entry & self.distance_mask) >> self.slot_bits
+        if d == self.far:
+            return self.home(self.slot_row[w * self.capacity + (entry & self.slot_mask)])
+        return i - d if i >= d else i - d + self.table_size
+
+    cdef inline int64_t probe(self, int w, int64_t row, bint confirm) noexcept nogil:
+        """Where the first entry on ``row``'s probe that bears its mark is (from the table's start), or -1:
+        ``row`` is not cached, for certain. With ``confirm``, one whose slot holds ``row``: its own;
+        without, almost always its own too (another row's needs the same tag at the same distance)."""
+        cdef int64_t base = w * self.table_size, cbase = w * self.capacity
+        cdef int64_t i = self.home(row), d = 0
+        cdef uint32_t entry, want = self.tag(row)
         while True:
             entry = self.table[base + i]
-            if entry == EMPTY:
-                return EMPTY
-            if (entry >> 32) == row:
-                return <int32_t>(entry & LOW32)
+            if entry == TABLE_EMPTY:
+                return -1
+            if (entry & ~self.slot_mask) == want and \
+                    (not confirm or self.slot_row[cbase + (entry & self.slot_mask)] == row):
+                return i
+            if d < self.far:  # the mark one entry further on
+                want += self.slot_mask + 1
+            d += 1
             i += 1
             if i == self.table_size:
                 i = 0
+
+    cdef inline int64_t position(self, int w, int64_t row) noexcept nogil:
+        """Where ``row``'s entry is in ``w``'s table (from the table's start), or -1: not cached."""
+        return self.probe(w, row, True)
+
+    cdef inline int32_t tag_match(self, int w, int64_t row) noexcept nogil:
+        """The slot the first entry bearing ``row``'s mark names: ``row``'s slot if it is cached, almost
+        always (confirm in slot_row); EMPTY: it is not cached, for certain."""
+        cdef int64_t i = self.probe(w, row, False)
+        return EMPTY if i < 0 else <int32_t>(self.table[w * self.table_size + i] & self.slot_mask)
+
+    cdef inline int32_t find(self, int w, int64_t row) noexcept nogil:
+        cdef int64_t i = self.position(w, row)
+        return EMPTY if i < 0 else <int32_t>(self.table[w * self.table_size + i] & self.slot_mask)
 
     cdef inline void map_insert(self, int w, int64_t row, int32_t slot) noexcept nogil:
         cdef int64_t base = w * self.table_size
-        cdef int64_t i = self.home(row)
-        while self.table[base + i] != EMPTY:
+        cdef int64_t i = self.home(row), d = 0
+        while self.table[base + i] != TABLE_EMPTY:
+            d += 1
             i += 1
             if i == self.table_size:
                 i = 0
-        self.table[base + i] = (row << 32) | slot
+        self.table[base + i] = self.mark(row, d) | <uint32_t>slot
 
     cdef void map_erase(self, int w, int64_t row) noexcept nogil:
-        """Linear-probing deletion with backward shift (no tombstones)."""
+        """Remove ``row``'s entry (``row`` still in its slot), moving later entries of its run back."""
         cdef int64_t base = w * self.table_size
-        cdef int64_t i = self.home(row), j, h
-        cdef int64_t entry
-        while (self.table[base + i] >> 32) != row:
-            i += 1
-            if i == self.table_size:
-                i = 0
-        j = i
+        cdef int64_t i = self.position(w, row), j = i, h, d
+        cdef uint32_t entry
         while True:
             j += 1
             if j == self.table_size:
                 j = 0
             entry = self.table[base + j]
-            if entry == EMPTY:
+            if entry == TABLE_EMPTY:
                 break
-            h = self.home(entry >> 32)
+            h = self.entry_home(w, j, entry)
             # move the entry back into the hole at i unless its home lies cyclically in (i, j]
             if (j > i and (h <= i or h > j)) or (j < i and (h <= i and h > j)):
-                self.table[base + i] = entry
+                d = i - h if i >= h else i - h + self.table_size
+                self.table[base + i] = (entry & ~self.distance_mask) | \
+                    (<uint32_t>min(d, <int64_t>self.far) << self.slot_bits)
                 i = j
-        self.table[base + i] = EMPTY
+        self.table[base + i] = TABLE_EMPTY
+
+    cdef void map_rebuild(self) noexcept nogil:
+        """Every worker's table from its slots (a loaded state: the tables are not saved)."""
+        cdef int w
+        cdef int32_t s
+        cdef int64_t i
+        for i in range(self.table.shape[0]):
+            self.table[i] = TABLE_EMPTY
+        for w in range(self.n_workers):
+            for s in range(self.used[w]):
+                if self.slot_row[w * self.capacity + s] != EMPTY:
+                    self.map_insert(w, self.slot_row[w * self.capacity + s], s)
 
     # ------------------------------------------------------ replacement order
+    cdef inline int32_t link(self, int64_t i) noexcept nogil:
+        """Replacement link ``i`` (``[2k]``: the slot used more recently than slot k, ``[2k + 1]``: less), or
+        EMPTY."""
+        cdef uint16_t v
+        if self.narrow:
+            v = self.lru_links16[i]
+            return EMPTY if v == NARROW_EMPTY else <int32_t>v
+        return self.lru_links[i]
+
+    cdef inline void set_link(self, int64_t i, int32_t s) noexcept nogil:
+        if self.narrow:
+            self.lru_links16[i] = <uint16_t>s  # EMPTY: NARROW_EMPTY
+        else:
+            self.lru_links[i] = s
+
+    cdef inline const void* link_address(self, int64_t i) noexcept nogil:
+        if self.narrow:
+            return <const void*>&self.lru_links16[i]
+        return <const void*>&self.lru_links[i]
+
     cdef inline int32_t bucket_of(self, int w, int32_t s) noexcept nogil:
         return self.freq[w * self.capacity + s] if self.buckets > 1 else 0
 
     cdef inline void lru_unlink(self, int w, int32_t s) noexcept nogil:
         cdef int64_t b = w * self.capacity
         cdef int64_t head = w * self.buckets + self.bucket_of(w, s)
-        cdef int32_t p = self.lru_links[2 * (b + s)], n = self.lru_links[2 * (b + s) + 1]
+        cdef int32_t p = self.link(2 * (b + s)), n = self.link(2 * (b + s) + 1)
         if p != EMPTY:
-            self.lru_links[2 * (b + p) + 1] = n
+            self.set_link(2 * (b + p) + 1, n)
         else:
             self.lru_head[head] = n
         if n != EMPTY:
-            self.lru_links[2 * (b + n)] = p
+            self.set_link(2 * (b + n), p)
         else:
             self.lru_tail[head] = p
 
@@ -508,10 +601,10 @@ cdef class ClusterState:
         cdef int64_t b = w * self.capacity
         cdef int32_t f = self.bucket_of(w, s)
         cdef int64_t head = w * self.buckets + f
-        self.lru_links[2 * (b + s)] = EMPTY
-        self.lru_links[2 * (b + s) + 1] = self.lru_head[head]
+        self.set_link(2 * (b + s), EMPTY)
+        self.set_link(2 * (b + s) + 1, self.lru_head[head])
         if self.lru_head[head] != EMPTY:
-            self.lru_links[2 * (b + self.lru_head[head])] = s
+            self.set_link(2 * (b + self.lru_head[head]), s)
         else:
             self.lru_tail[head] = s
         self.lru_head[head] = s
@@ -703,9 +796,9 @@ cdef class ClusterState:
         when annotating), a HET event's value. Most events are pulls and
         updates: writing fields nobody reads would cost a quarter of the bytes.
         """
-        self.ev_kind[n] = kind
-        self.ev_worker[n] = w
-        self.ev_row[n] = row
+        self.ev_kind[n] = <int8_t>kind
+        self.ev_worker[n] = <int16_t>w
+        self.ev_row[n] = <int32_t>row
         self.ev_slot[n] = slot
         self.ev_pair[n] = pair
         if kind == K_PULL:
@@ -820,6 +913,10 @@ cdef class ClusterState:
         if rows.shape[0] > self.sample_order.shape[0]:
             self.sample_order = np.zeros(rows.shape[0], dtype=np.int64)
             self.focus_sample = np.zeros(rows.shape[0], dtype=np.int64)
+        if self.focus >= 0:
+            entries = int(np.count_nonzero(np.asarray(alloc) == self.focus)) * rows.shape[1]
+            if entries > self.focus_entry.shape[0]:
+                self.focus_entry = np.zeros(entries, dtype=np.int32)
         self.needs_ready = False  # gathering overwrites the earlier needs, and may refuse this batch
         cdef int bits = min(self.max_need_bits, max(MIN_NEED_BITS, 1 + table_bits(max(self.n_need, 1))))
         if bits > self.need_bits or bits + 2 < self.need_bits:  # grow, or shrink after a larger batch
@@ -928,7 +1025,7 @@ cdef class ClusterState:
                 # once per sample (its cache line stays shared)
                 if not (self.need_masks[need * self.words + (bit >> 6)] & flag):
                     or_u64_if(&self.need_masks[need * self.words + (bit >> 6)], flag, self.shared)
-                    self.tmp_row[base + n] = rows[i, t]
+                    self.tmp_row[base + n] = <int32_t>rows[i, t]
                     self.tmp_need[base + n] = <int32_t>need
                     if focus:
                         self.need_focus[need] = <int32_t>n
@@ -952,10 +1049,11 @@ cdef class ClusterState:
         for k in range(self.worker_start[w + 1] - first):
             p = first + k
             self.pair_row[p] = self.tmp_row[base + k]
-            self.pair_worker[p] = w
+            self.pair_worker[p] = <int16_t>w
             self.pair_need[p] = self.tmp_need[base + k]
             self.pair_slot[p] = EMPTY
-            self.pair_source[p] = EMPTY
+            if self.p2p:
+                self.pair_source[p] = EMPTY
 
     # ------------------------------------------------------------------ train
     def train(self):
@@ -1012,6 +1110,10 @@ cdef class ClusterState:
         self.needs_ready = False
         return self.counts()
 
+    cdef inline int32_t source(self, int64_t p) noexcept nogil:
+        """The worker sending pair ``p``'s row (P2P), or EMPTY: the PS."""
+        return self.pair_source[p] if self.p2p else EMPTY
+
     cdef void match_p2p(self) noexcept nogil:
         """P2P: a row dirty on ``w`` and needed by one other worker ``v`` goes straight ``w`` -> ``v``.
 
@@ -1054,7 +1156,7 @@ cdef class ClusterState:
             if p + AHEAD < last:
                 prefetch(&self.holders[self.pair_row[p + AHEAD] * self.words])
             e = self.pair_row[p]
-            if self.pair_source[p] == EMPTY:
+            if self.source(p) == EMPTY:
                 if self.fresh(e, w):
                     continue
                 if not self.has_bit(e, PS_BIT):
@@ -1075,7 +1177,7 @@ cdef class ClusterState:
                         self.clear_bit(victim, w + 1)
                 self.install(w, e, s)
                 self.pair_slot[p] = s
-            if self.pair_source[p] == EMPTY:
+            if self.source(p) == EMPTY:
                 self.record(n, K_PULL, w, e, s, EMPTY)
                 kinds[K_PULL] += 1
                 self.set_bit(e, w + 1)
@@ -1097,11 +1199,33 @@ cdef class ClusterState:
         loop keeps its misses in flight: the map entries here, the
         replacement links in :meth:`pin`.
         """
-        cdef int64_t p
-        for p in range(first, last):
-            if p + FAR_AHEAD < last:
-                prefetch(&self.table[w * self.table_size + self.home(self.pair_row[p + FAR_AHEAD])])
-            self.pair_slot[p] = self.find(w, self.pair_row[p])
+        if last > first:
+            self.find_many(&self.pair_row[first], NULL, w, &self.pair_slot[first], last - first)
+
+    cdef void find_many(self, const int32_t* rows, const int16_t* workers, int w, int32_t* slots,
+                        int64_t n) noexcept nogil:
+        """``slots[k]``: the slot of ``rows[k]`` in the cache of ``workers[k]`` (of ``w`` where ``workers``
+        is NULL), or EMPTY. Lookups run at memory latency, so each is split in three stages
+        ``FAR_AHEAD`` apart: its table entries prefetched, then the slot its mark names (its row
+        prefetched), then that row confirmed (the whole probe again where it is another row's)."""
+        cdef int64_t k, ahead = FAR_AHEAD
+        cdef int v
+        cdef int32_t s
+        for k in range(min(ahead, n)):
+            slots[k] = self.tag_match(w if workers == NULL else workers[k], rows[k])
+        for k in range(n):
+            if k + 2 * ahead < n:
+                v = w if workers == NULL else workers[k + 2 * ahead]
+                prefetch(&self.table[v * self.table_size + self.home(rows[k + 2 * ahead])])
+            if k + ahead < n:
+                v = w if workers == NULL else workers[k + ahead]
+                s = self.tag_match(v, rows[k + ahead])
+                slots[k + ahead] = s
+                if s != EMPTY:
+                    prefetch(&self.slot_row[v * self.capacity + s])
+            v = w if workers == NULL else workers[k]
+            if slots[k] != EMPTY and self.slot_row[v * self.capacity + slots[k]] != rows[k]:
+                slots[k] = self.find(v, rows[k])
 
     cdef void pin(self, int w, int64_t first, int64_t last) noexcept nogil:
         """Touch every cached row of pairs ``[first, last)`` in pair order, so the LRU tail holds only
@@ -1114,16 +1238,16 @@ cdef class ClusterState:
             if p + FAR_AHEAD < last:
                 s = self.pair_slot[p + FAR_AHEAD]
                 if s != EMPTY:
-                    prefetch(&self.lru_links[2 * (b + s)])
+                    prefetch(self.link_address(2 * (b + s)))
             if p + FAR_AHEAD // 2 < last:
                 s = self.pair_slot[p + FAR_AHEAD // 2]
                 if s != EMPTY:
-                    n = self.lru_links[2 * (b + s)]
+                    n = self.link(2 * (b + s))
                     if n != EMPTY:
-                        prefetch(&self.lru_links[2 * (b + n)])
-                    n = self.lru_links[2 * (b + s) + 1]
+                        prefetch(self.link_address(2 * (b + n)))
+                    n = self.link(2 * (b + s) + 1)
                     if n != EMPTY:
-                        prefetch(&self.lru_links[2 * (b + n)])
+                        prefetch(self.link_address(2 * (b + n)))
             s = self.pair_slot[p]
             if s != EMPTY:
                 self.lru_touch(w, s)
@@ -1190,7 +1314,7 @@ cdef class ClusterState:
             need = self.pair_need[p]
             if self.need_trainers[need] >= 2:
                 self.record(n, K_ACCUMULATE, w, self.pair_row[p], self.pair_slot[p], pair)
-                self.ev_turn[n] = self.trainers_before(need, w)
+                self.ev_turn[n] = <int16_t>self.trainers_before(need, w)
                 kinds[K_ACCUMULATE] += 1
             elif self.full_set:
                 self.record(n, K_FULL_SET_PUSH, w, self.pair_row[p], self.pair_slot[p], pair)
@@ -1437,18 +1561,20 @@ cdef class ClusterState:
 
     cdef void record_pushes(self, int64_t first, int64_t last, int64_t n) noexcept nogil:
         """The plan pushes :meth:`find_pushes` chose among pairs ``[first, last)``, as events from ``n`` on."""
-        cdef int64_t p, e
+        cdef int64_t p, e, start = n
         cdef int owner
         for p in range(first, last):
             owner = self.tmp_need[p]
             if owner == EMPTY:
                 continue
             e = self.pair_row[p]
-            self.record(n, K_PLAN_PUSH, owner, e, self.find(owner, e), EMPTY)
+            self.record(n, K_PLAN_PUSH, owner, e, EMPTY, EMPTY)
             self.set_bit(e, PS_BIT)
             if self.annotate:
                 self.mark_written(e)
             n += 1
+        if n > start:  # the owners' slots of the rows they push, looked up together
+            self.find_many(&self.ev_row[start], &self.ev_worker[start], -1, &self.ev_slot[start], n - start)
 
     # ------------------------------------------------------------- flushing
     def flush_dirty(self):
@@ -1518,13 +1644,29 @@ cdef class ClusterState:
         return rows_array, slots_array
 
     # ------------------------------------------------------------ saving
+    def _links(self):
+        """The replacement links as int32 (more recent, less recent) copies, EMPTY for none: how they are
+        saved and digested, whichever width the state keeps."""
+        if self.narrow:
+            links = np.asarray(self.lru_links16).astype(np.int32)
+            links[links == NARROW_EMPTY] = EMPTY
+        else:
+            links = np.asarray(self.lru_links).copy()
+        return links[0::2].copy(), links[1::2].copy()
+
+    def _set_links(self, more_recent, less_recent):
+        links = np.empty(2 * len(more_recent), dtype=np.int32)
+        links[0::2], links[1::2] = more_recent, less_recent
+        if self.narrow:
+            np.asarray(self.lru_links16)[:] = links.astype(np.uint16)  # EMPTY wraps to NARROW_EMPTY
+        else:
+            np.asarray(self.lru_links)[:] = links
+
     def _persistent(self):
-        """Views of the arrays that outlive an iteration, by name."""
+        """Views of the arrays that outlive an iteration, by name (the replacement links: :meth:`_links`)."""
         return {"holders": np.asarray(self.holders), "slot_row": np.asarray(self.slot_row),
-                "lru_prev": np.asarray(self.lru_links)[0::2], "lru_next": np.asarray(self.lru_links)[1::2],
                 "lru_head": np.asarray(self.lru_head), "lru_tail": np.asarray(self.lru_tail),
-                "freq": np.asarray(self.freq), "lowest": np.asarray(self.lowest), "used": np.asarray(self.used),
-                "table": np.asarray(self.table)}
+                "freq": np.asarray(self.freq), "lowest": np.asarray(self.lowest), "used": np.asarray(self.used)}
 
     def _shape_scalars(self):
         return [self.n_workers, self.n_rows, self.capacity, self.buckets, self.max_pairs, self.full_set, self.p2p]
@@ -1539,7 +1681,8 @@ cdef class ClusterState:
         """
         return {
             "holder sets": self.holders.nbytes,
-            "caches": (self.slot_row.nbytes + self.lru_links.nbytes + self.lru_head.nbytes + self.lru_tail.nbytes +
+            "caches": (self.slot_row.nbytes + self.lru_links16.nbytes + self.lru_links.nbytes + self.lru_head.nbytes +
+                       self.lru_tail.nbytes +
                         self.freq.nbytes + self.lowest.nbytes + self.used.nbytes),
             "row-to-slot tables": self.table.nbytes,
             "HET versions": (self.version.nbytes + self.slot_seen.nbytes + self.slot_pending.nbytes +
@@ -1572,6 +1715,7 @@ cdef class ClusterState:
         if self.staleness >= 0:
             raise StateError("HET's clocks and unpushed updates are not checkpointed (docs/design.md section 7)")
         arrays = {name: view.copy() for name, view in self._persistent().items()}
+        arrays["lru_prev"], arrays["lru_next"] = self._links()
         arrays["written_rows"] = self.written_rows(self.iteration)
         arrays["scalars"] = np.array([self.iteration, self.epoch, *self._shape_scalars()], dtype=np.int64)
         return arrays
@@ -1585,7 +1729,8 @@ cdef class ClusterState:
                              f"{tuple(int(x) for x in scalars[2:])}, this one {tuple(expected)}")
         mine = self._persistent()
         written = saved_written_rows(arrays, scalars[0], self.n_rows)
-        for name, view in mine.items():
+        links = np.empty(self.n_workers * self.capacity, dtype=np.int32)  # their saved form (_links)
+        for name, view in (*mine.items(), ("lru_prev", links), ("lru_next", links)):
             saved = np.asarray(arrays[name])
             if saved.shape != view.shape or saved.dtype != view.dtype:
                 raise ValueError(f"saved cluster state array {name} is {saved.shape} {saved.dtype}, "
@@ -1593,6 +1738,9 @@ cdef class ClusterState:
         self._check_loaded(arrays)
         for name, view in mine.items():
             view[:] = arrays[name]
+        self._set_links(np.asarray(arrays["lru_prev"]), np.asarray(arrays["lru_next"]))
+        with nogil:
+            self.map_rebuild()
         self.iteration, self.epoch = scalars[0], <int32_t>scalars[1]
         self.set_written(written)
         self.needs_ready = False
@@ -1627,9 +1775,6 @@ cdef class ClusterState:
         used, lowest = np.asarray(arrays["used"]), np.asarray(arrays["lowest"])
         if ((used < 0) | (used > self.capacity)).any() or ((lowest < 0) | (lowest >= self.buckets)).any():
             raise ValueError("saved cluster state has cache fill counts out of range")
-        table = np.asarray(arrays["table"])
-        if ((table != EMPTY) & (((table & LOW32) >= self.capacity) | ((table >> 32) >= self.n_rows))).any():
-            raise ValueError("saved cluster state has row -> slot entries out of range")
         freq = np.asarray(arrays["freq"])
         if ((freq < 0) | (freq >= self.buckets)).any():
             raise ValueError("saved cluster state has LFU buckets out of range")
@@ -1645,13 +1790,16 @@ cdef class ClusterState:
         cdef ClusterState clone = ClusterState(
             n_workers=self.n_workers, n_rows=self.n_rows, capacity=self.capacity, full_set=self.full_set,
             max_pairs=self.max_pairs, p2p=self.p2p, policy="lru" if self.buckets == 1 else "lfu", focus=self.focus,
-            annotate=self.annotate, staleness=self.staleness, threads=self.threads)
+            annotate=self.annotate, staleness=self.staleness, threads=self.threads, distance_bits=self.distance_bits)
         clone.written[:] = self.written
         clone.written_set[:] = self.written_set
         clone.written_fill[:] = self.written_fill
         theirs = clone._persistent()
         for name, view in self._persistent().items():
             theirs[name][:] = view
+        clone.table[:] = self.table
+        clone.lru_links16[:] = self.lru_links16
+        clone.lru_links[:] = self.lru_links
         clone.size_needs(self.need_bits)
         clone.need_table[:] = self.need_table
         clone.need_rows[:] = self.need_rows
@@ -1669,7 +1817,7 @@ cdef class ClusterState:
         clone.worker_start[:] = self.worker_start
         clone.need_focus[:] = self.need_focus
         clone.focus_sample = np.asarray(self.focus_sample).copy()
-        clone.focus_entry[:] = self.focus_entry
+        clone.focus_entry = np.asarray(self.focus_entry).copy()
         clone.epoch, clone.n_need, clone.n_pairs = self.epoch, self.n_need, self.n_pairs
         clone.needs_ready, clone.n_tables, clone.n_focus = self.needs_ready, self.n_tables, self.n_focus
         clone.accumulate_rounds = self.accumulate_rounds
@@ -1718,8 +1866,8 @@ cdef class ClusterState:
 
     def events(self):
         """Events of the last call as arrays kind, worker, row, slot (in execution order)."""
-        return (self._in_order(self.ev_kind), self._in_order(self.ev_worker), self._in_order(self.ev_row),
-                self._in_order(self.ev_slot))
+        return (self._in_order(self.ev_kind).astype(np.int32), self._in_order(self.ev_worker).astype(np.int32),
+                self._in_order(self.ev_row).astype(np.int64), self._in_order(self.ev_slot))
 
     def peers(self):
         """For the events of the last call: sending worker and its slot of P2P events, else -1."""
@@ -1847,7 +1995,7 @@ cdef class ClusterState:
         n, t = self.n_focus, self.n_tables
         return (np.asarray(self.focus_sample[:n]).copy(),
                 np.asarray(self.focus_entry[:n * t]).reshape(n, t).copy(),
-                np.asarray(self.pair_row[a:b]).copy(), np.asarray(self.pair_slot[a:b]).copy())
+                np.asarray(self.pair_row[a:b]).astype(np.int64), np.asarray(self.pair_slot[a:b]).copy())
 
     def holder_sets(self):
         """``L(e)`` of every row as a bool array [n_rows, 1 + n_workers] (column 0 = PS)."""
@@ -1878,14 +2026,14 @@ cdef class ClusterState:
             s = self.lru_head[w * self.buckets + f]
             while s != EMPTY:
                 order.append(s)
-                s = self.lru_links[2 * (w * self.capacity + s) + 1]
+                s = self.link(2 * (w * self.capacity + s) + 1)
         return order
 
     def digest(self):
         """Hash of the whole state (holders, caches, LRU order), to compare across ranks."""
         h = hashlib.sha256()
-        for array in (np.asarray(self.holders), np.asarray(self.slot_row), np.asarray(self.lru_links)[0::2],
-                      np.asarray(self.lru_links)[1::2], np.asarray(self.lru_head), np.asarray(self.used),
+        for array in (np.asarray(self.holders), np.asarray(self.slot_row), *self._links(), np.asarray(self.lru_head),
+                      np.asarray(self.used),
                       np.asarray(self.freq)):
             h.update(array.tobytes())
         return h.hexdigest()[:16]

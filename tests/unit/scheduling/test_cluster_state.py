@@ -29,7 +29,9 @@ def instances(draw, max_workers=5):
     allocs = [np.array(draw(st.permutations(balanced)), dtype=np.int32) for _ in range(iterations)]
     sync = draw(st.sampled_from(["full_set", "ps", "p2p"]))
     policy = draw(st.sampled_from(["lru", "lfu"]))
-    return n_workers, n_rows, capacity, sync, rows, allocs, policy
+    # row -> slot entries' distance from home: 0 and 1 bit saturate at once, so deletions read the rows
+    distance_bits = draw(st.sampled_from([0, 1, 6]))
+    return n_workers, n_rows, capacity, sync, rows, allocs, policy, distance_bits
 
 
 def _events(state):
@@ -48,10 +50,10 @@ def _oracle_holders(oracle, n_workers):
     return table
 
 
-def _run_both(n_workers, n_rows, capacity, sync, rows, allocs, policy, check=None):
+def _run_both(n_workers, n_rows, capacity, sync, rows, allocs, policy, distance_bits=6, check=None):
     full_set, p2p = sync == "full_set", sync == "p2p"
     state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=full_set,
-                         max_pairs=rows[0].size, p2p=p2p, policy=policy)
+                         max_pairs=rows[0].size, p2p=p2p, policy=policy, distance_bits=distance_bits)
     oracle = OracleState(n_workers, n_rows, capacity, full_set, p2p, policy)
     state.set_needs(rows[0], allocs[0])
     oracle.set_needs(rows[0], allocs[0])
@@ -93,6 +95,21 @@ def test_matches_the_literal_design(instance):
 @given(instances(max_workers=2).map(lambda i: (i[0] + 68,) + i[1:]))
 def test_more_than_64_workers_use_multiword_holder_sets(instance):
     _run_both(*instance)
+
+
+@pytest.mark.parametrize("capacity", [65_535, 65_536])
+def test_replacement_links_of_16_and_32_bits_match_the_literal_design(capacity):
+    # the largest cache whose slot numbers fit 16-bit links (65,535 is their "none"), and the smallest that
+    # does not: filled, then evicting rows of a wider range, both with the design's evictions and LRU order
+    rng = np.random.default_rng(capacity)
+    n_rows = capacity + 4_000
+    later = [np.concatenate([rng.choice(capacity, 20, replace=False), rng.choice(np.arange(capacity, n_rows), 20)])
+             for _ in range(3)]  # half of each batch cached, half evicting
+    rows = [np.arange(capacity, dtype=np.int64)[:, None]] + [rng.permutation(b)[:, None] for b in later]
+    allocs = [np.zeros(len(batch), dtype=np.int32) for batch in rows]
+    state = _run_both(1, n_rows, capacity, "ps", rows, allocs, "lru")
+    assert state.memory_parts()["caches"] == capacity * 4 + 2 * capacity * (2 if capacity < 65_536 else 4) + \
+        (4 if capacity < 65_536 else 2) + 4 * 4 + 4
 
 
 def _invariants(state, t, before, trained, planned, rows, allocs, sent):
@@ -246,9 +263,9 @@ def test_flush_gives_every_dirty_row_to_the_ps():
 @given(instances())
 def test_a_copy_steps_exactly_like_the_original(instance):
     """The brute-force scheduler evaluates what-ifs on copies: a forgotten field would diverge."""
-    n_workers, n_rows, capacity, sync, rows, allocs, policy = instance
+    n_workers, n_rows, capacity, sync, rows, allocs, policy, distance_bits = instance
     state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=sync == "full_set",
-                         max_pairs=rows[0].size, p2p=sync == "p2p", policy=policy)
+                         max_pairs=rows[0].size, p2p=sync == "p2p", policy=policy, distance_bits=distance_bits)
     state.set_needs(rows[0], allocs[0])
     clone = state.copy()  # with needs set: the copy must carry them into train()
     for t in range(len(rows)):
@@ -272,10 +289,11 @@ def test_a_copy_steps_exactly_like_the_original(instance):
 @given(instances(), st.integers(0, 4))
 def test_a_worker_reads_its_own_share_of_each_iteration(instance, focus):
     """focus_needs and worker_events give one worker exactly its part of the events, batch-sized."""
-    n_workers, n_rows, capacity, sync, rows, allocs, policy = instance
+    n_workers, n_rows, capacity, sync, rows, allocs, policy, distance_bits = instance
     focus %= n_workers
     state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=sync == "full_set",
-                         max_pairs=rows[0].size, p2p=sync == "p2p", policy=policy, focus=focus)
+                         max_pairs=rows[0].size, p2p=sync == "p2p", policy=policy, focus=focus,
+                         distance_bits=distance_bits)
     state.set_needs(rows[0], allocs[0])
     for t in range(len(rows)):
         state.train()
@@ -306,9 +324,9 @@ def test_a_worker_reads_its_own_share_of_each_iteration(instance, focus):
 @given(instances())
 def test_a_p2p_sender_lists_each_receivers_rows_in_the_receivers_order(instance):
     """What w packs for v is v's P2P rows from w, in v's order: the message carries values only."""
-    n_workers, n_rows, capacity, _, rows, allocs, policy = instance
+    n_workers, n_rows, capacity, _, rows, allocs, policy, distance_bits = instance
     state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=False,
-                         max_pairs=rows[0].size, p2p=True, policy=policy)
+                         max_pairs=rows[0].size, p2p=True, policy=policy, distance_bits=distance_bits)
     state.set_needs(rows[0], allocs[0])
     for t in range(len(rows)):
         before = [state.cache_rows(w) for w in range(n_workers)]
@@ -336,9 +354,9 @@ def test_each_shared_row_has_one_accumulate_per_turn_in_worker_order(instance):
     The runtime adds turn 0, then turn 1, ... (train.deterministic): this is
     what makes every row's sum come out in one order on every run.
     """
-    n_workers, n_rows, capacity, sync, rows, allocs, policy = instance
+    n_workers, n_rows, capacity, sync, rows, allocs, policy, distance_bits = instance
     state = ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=sync == "full_set",
-                         max_pairs=rows[0].size, p2p=sync == "p2p", policy=policy)
+                         max_pairs=rows[0].size, p2p=sync == "p2p", policy=policy, distance_bits=distance_bits)
     state.set_needs(rows[0], allocs[0])
     for t in range(len(rows)):
         state.train()
@@ -417,16 +435,16 @@ def test_memory_parts_count_each_array_where_it_belongs():
     state = ClusterState(n_workers=3, n_rows=1000, capacity=100, full_set=False, max_pairs=64)
     parts = state.memory_parts()
     assert parts["holder sets"] == 1000 * 8
-    # slot rows (4 B), two LRU links (8 B) per slot; a head, a tail, the lowest bucket and the slots used per
-    # worker (4 B each); one frequency placeholder
-    assert parts["caches"] == 300 * 4 + 600 * 4 + 4 * 3 * 4 + 4
-    assert parts["row-to-slot tables"] == 3 * (100 + 50 + 1) * 8  # load <= 2/3, 8-byte entries
+    # slot rows (4 B), two LRU links (2 B each: 100 slots fit 16 bits, and a 4 B placeholder of the wide
+    # links) per slot; a head, a tail, the lowest bucket and the slots used per worker (4 B each); one
+    # frequency placeholder
+    assert parts["caches"] == 300 * 4 + 600 * 2 + 4 + 4 * 3 * 4 + 4
+    assert parts["row-to-slot tables"] == 3 * (100 + 50 + 1) * 4  # load <= 2/3, 4-byte entries
     assert parts["HET versions"] == 8 + 8 + 4 + 1  # placeholders without HET
     het = ClusterState(n_workers=3, n_rows=1000, capacity=100, full_set=False, max_pairs=64, staleness=0)
     # a version per row, a seen version and a pending count per slot, a flag per pair
     assert het.memory_parts()["HET versions"] == 1000 * 8 + 300 * (8 + 4) + 64
     assert het.memory_parts()["events"] > parts["events"]  # HET: 4 events per pair, not 3
-
 
 
 def test_need_records_follow_the_rows_a_batch_needs_not_max_pairs():
@@ -444,3 +462,47 @@ def test_need_records_follow_the_rows_a_batch_needs_not_max_pairs():
     pulled = kind == KIND_NAMES.index("pull")
     assert sorted(row[pulled].tolist()) == list(range(30_000))
     assert (worker[pulled] == row[pulled] % 3).all()
+
+
+def _table_keys(rows, capacity, distance_bits=6):
+    """(home, tag) of each row in a worker's row -> slot table of ``capacity`` slots, as the state computes
+    them: the row's 64-bit mix, the home from its low 32 bits, the tag from the bits above that fit beside
+    the slot and the distance."""
+    x = rows.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    h = x ^ (x >> np.uint64(29))
+    size = capacity + capacity // 2 + 1
+    home = ((h & np.uint64(0xFFFFFFFF)) * np.uint64(size)) >> np.uint64(32)
+    slot_bits = capacity.bit_length()
+    tag_bits = 32 - slot_bits - min(distance_bits, (32 - slot_bits) // 2)
+    return home, (h >> np.uint64(32)) & np.uint64((1 << tag_bits) - 1)
+
+
+def test_rows_sharing_a_table_home_and_tag_keep_their_own_slots():
+    # 2**20 slots leave a 6-bit tag: among 2**16 rows some pairs share both home and tag, so only the
+    # confirmation in slot_row tells them apart (when found, and when one is evicted and the other moves back)
+    capacity = 1 << 20
+    candidates = np.arange(1 << 16, dtype=np.int64)
+    home, tag = _table_keys(candidates, capacity)
+    key = home * np.uint64(64) + tag
+    order = np.argsort(key, kind="stable")
+    same = np.flatnonzero(key[order][1:] == key[order][:-1])
+    assert len(same), "no two rows share a home and a tag: the test needs more candidates"
+    a, b = candidates[order[same[0]]], candidates[order[same[0] + 1]]
+    state = ClusterState(n_workers=1, n_rows=1 << 21, capacity=capacity, full_set=True, max_pairs=capacity)
+    others = np.arange(1 << 18, (1 << 18) + capacity - 2, dtype=np.int64)
+    new = np.int64((1 << 18) + capacity)
+    batches = [np.array([[a], [b]]), others[:, None], np.array([[new]])]
+    state.set_needs(batches[0], np.zeros(2, dtype=np.int32))
+    for t, rows in enumerate(batches):
+        state.train()
+        if t == 0:
+            slots = {a: state.slot_of(0, a), b: state.slot_of(0, b)}
+            assert sorted(slots.values()) == [0, 1]
+        following = batches[t + 1] if t + 1 < len(batches) else None
+        state.plan(following, None if following is None else np.zeros(len(following), dtype=np.int32))
+    # the new row took the least recently used slot, a's; b is where it was
+    assert state.slot_of(0, a) == -1
+    assert state.slot_of(0, b) == slots[b]
+    assert state.slot_of(0, new) == slots[a]
+    cache = state.cache_rows(0)
+    assert cache[slots[a]] == new and cache[slots[b]] == b

@@ -26,15 +26,16 @@ def _het_events(state):
     return [(KIND_NAMES[k], int(w), int(e), int(s), int(v)) for k, w, e, s, v in zip(kind, worker, row, slot, values)]
 
 
-def _state(n_workers, n_rows, capacity, rows, policy, staleness):
+def _state(n_workers, n_rows, capacity, rows, policy, staleness, distance_bits):
     return ClusterState(n_workers=n_workers, n_rows=n_rows, capacity=capacity, full_set=staleness is None,
-                        max_pairs=rows[0].size, policy=policy, staleness=-1 if staleness is None else staleness)
+                        max_pairs=rows[0].size, policy=policy, staleness=-1 if staleness is None else staleness,
+                        distance_bits=distance_bits)
 
 
 def _run(instance, staleness):
     """Step the state over the instance; per iteration its counts."""
-    n_workers, n_rows, capacity, _, rows, allocs, policy = instance
-    state = _state(n_workers, n_rows, capacity, rows, policy, staleness)
+    n_workers, n_rows, capacity, _, rows, allocs, policy, distance_bits = instance
+    state = _state(n_workers, n_rows, capacity, rows, policy, staleness, distance_bits)
     state.set_needs(rows[0], allocs[0])
     counts = []
     for t in range(len(rows)):
@@ -47,8 +48,8 @@ def _run(instance, staleness):
 @settings(max_examples=300, deadline=None)
 @given(instances(), st.integers(0, 3))
 def test_matches_the_literal_design(instance, staleness):
-    n_workers, n_rows, capacity, _, rows, allocs, policy = instance
-    state = _state(n_workers, n_rows, capacity, rows, policy, staleness)
+    n_workers, n_rows, capacity, _, rows, allocs, policy, distance_bits = instance
+    state = _state(n_workers, n_rows, capacity, rows, policy, staleness, distance_bits)
     oracle = OracleState(n_workers, n_rows, capacity, False, policy=policy, staleness=staleness)
     state.set_needs(rows[0], allocs[0])
     oracle.set_needs(rows[0], allocs[0])
