@@ -66,10 +66,10 @@ def _assert_same(one, other):
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
-def test_every_mode_schedules_alike_at_1_2_and_4_threads(criteo_like, name):
+def test_every_mode_schedules_alike_at_1_2_4_and_16_threads(criteo_like, name):
     store = BatchStore(criteo_like)
     one = _run(store, SETTINGS[name], 1, workers=6, batch=16)
-    for threads in (2, 4):
+    for threads in (2, 4, 16):  # 16: more threads than workers, and than this machine's cores
         _assert_same(one, _run(store, SETTINGS[name], threads, workers=6, batch=16))
 
 
