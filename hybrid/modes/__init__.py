@@ -39,8 +39,9 @@ def check(config: Config, cardinalities, mode: Optional[Mode] = None) -> int:
     Cheap (nothing is allocated), so training runs it on every rank before
     any collective: such an error then stops every rank alike.
     """
-    get(config.scheduler.mode if mode is None else mode).check(config)
-    return Scheduler.capacity(config, cardinalities)
+    chosen = get(config.scheduler.mode if mode is None else mode)
+    chosen.check(config)
+    return Scheduler.capacity(config, cardinalities, chosen.schedule)
 
 
 def scheduler_for(config: Config, *, cardinalities, mode: Optional[Mode] = None,

@@ -48,7 +48,22 @@ class AllocationPolicy(ABC):
 
     @abstractmethod
     def allocate(self, rows: np.ndarray, iteration: int, upcoming: np.ndarray | None = None) -> np.ndarray:
-        """int32 worker of each sample of ``rows``; ``upcoming``: the next batch's rows, if known."""
+        """int32 worker of each sample of ``rows``; ``upcoming``: the next batch's rows, if known.
+
+        It gives no worker more than :meth:`largest_share` samples: the
+        caches are sized for that before the first batch, and the scheduler
+        checks it on every batch.
+        """
+
+    @classmethod
+    def largest_share(cls, n_samples: int, n_workers: int) -> int:
+        """The most samples :meth:`allocate` gives one worker of a batch of ``n_samples``.
+
+        Every policy here balances (``capacities``): the batch per worker,
+        rounded up. A policy that may give a worker more overrides this,
+        and start-up sizes the caches for it (``cache_capacity``).
+        """
+        return -(-n_samples // n_workers)
 
     def save_arrays(self) -> dict:
         """What the policy carries from batch to batch, for a checkpoint (none: it reads the cluster state)."""

@@ -79,17 +79,30 @@ class SchedulePolicy:
                             staleness=config.scheduler.staleness if self.sync is Sync.het_clocks else -1,
                             threads=config.scheduler.threads)
 
+    def allocation_class(self, config: Config) -> type[AllocationPolicy]:
+        """The class of this allocation's policy under ``config`` (known before any state is built)."""
+        if self.allocation in (Allocation.random, Allocation.hot_cold):  # FAE: random within each hot or cold batch
+            return RandomAllocation
+        if self.allocation is Allocation.contiguous:
+            return ContiguousAllocation
+        return AdaptiveLaiaAllocation if config.scheduler.laia is LaiaVariant.adaptive else LaiaAllocation
+
+    def largest_share(self, config: Config) -> int:
+        """The most samples of a global batch this allocation gives one worker (what the caches must hold)."""
+        return self.allocation_class(config).largest_share(config.global_batch, config.cluster.workers)
+
     def allocation_policy(self, config: Config, state: ClusterState, cardinalities: np.ndarray) -> AllocationPolicy:
         """This allocation's policy; LAIA reads ``state`` (where rows are cached and fresh)."""
-        if self.allocation in (Allocation.random, Allocation.hot_cold):  # FAE: random within each hot or cold batch
+        policy = self.allocation_class(config)
+        if policy is RandomAllocation:
             return RandomAllocation(config.cluster.workers, config.seed)
-        if self.allocation is Allocation.contiguous:
+        if policy is ContiguousAllocation:
             return ContiguousAllocation(config.cluster.workers)
         sched = config.scheduler
         choices = {"confident": sched.order is LaiaOrder.confident, "cost": sched.scoring is LaiaScoring.cost,
                    "full_set": self.sync is Sync.full_set, "threads": sched.threads,
                    "swap_rounds": sched.swap_rounds, "lookahead": sched.lookahead}
-        if sched.laia is LaiaVariant.adaptive:
+        if policy is AdaptiveLaiaAllocation:
             return AdaptiveLaiaAllocation(state, config.seed, cardinalities, score_tables=sched.score_tables,
                                           budget_ms=sched.budget_ms, **choices)
         chunks = sched.chunks if sched.laia is LaiaVariant.chunked else None

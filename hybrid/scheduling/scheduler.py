@@ -85,15 +85,20 @@ def shared_rows(rows: np.ndarray, allocation: np.ndarray, n_workers: int) -> np.
     return trained[trainers > 1]
 
 
-def cache_capacity(n_rows: int, ratio: float, batch_per_worker: int, n_tables: int) -> int:
-    """Cache slots per worker for ``ratio`` of all rows; refuses less than one working set."""
+def cache_capacity(n_rows: int, ratio: float, samples_per_worker: int, n_tables: int) -> int:
+    """Cache slots per worker for ``ratio`` of all rows; refuses less than one working set.
+
+    ``samples_per_worker``: the most samples the allocation gives one worker
+    (``AllocationPolicy.largest_share``; the batch per worker where it
+    balances), each needing a row of every table in the worker's cache.
+    """
     capacity = int(round(n_rows * ratio))
-    working_set = batch_per_worker * n_tables
+    working_set = samples_per_worker * n_tables
     if capacity < min(working_set, n_rows):
         need = min(working_set, n_rows) / n_rows
         raise SchedulerError(
             f"cache.ratio={ratio} gives {capacity} slots per worker, but one iteration may need up to "
-            f"{min(working_set, n_rows)} rows (batch_per_worker {batch_per_worker} x {n_tables} tables); "
+            f"{min(working_set, n_rows)} rows ({samples_per_worker} samples on one worker x {n_tables} tables); "
             f"use cache.ratio >= {need:.4f}")
     return min(capacity, n_rows)
 
@@ -119,21 +124,22 @@ class Scheduler:
     _next: tuple = (0, None)  # (step, allocation) of the batch after the plan last yielded
 
     @staticmethod
-    def capacity(config: Config, cardinalities) -> int:
-        """Cache slots per worker for ``config``; :class:`SchedulerError` when that is less than one working set.
+    def capacity(config: Config, cardinalities, policy: SchedulePolicy) -> int:
+        """Cache slots per worker for ``config``; :class:`SchedulerError` when that is less than one working
+        set of the largest share ``policy``'s allocation gives a worker.
 
         Cheap (nothing is allocated), so training runs it on every rank
         before any collective: such an error then stops every rank alike.
         """
         cardinalities = np.asarray(cardinalities, dtype=np.int64)
-        return cache_capacity(int(cardinalities.sum()), config.cache.ratio, config.train.batch_per_worker,
+        return cache_capacity(int(cardinalities.sum()), config.cache.ratio, policy.largest_share(config),
                               len(cardinalities))
 
     @classmethod
     def from_config(cls, config: Config, *, cardinalities, policy: SchedulePolicy,
                     worker: Optional[int] = None) -> "Scheduler":
         """A scheduler of ``policy`` (a mode's choices, see ``hybrid.modes``) over tables of ``cardinalities``."""
-        capacity = cls.capacity(config, cardinalities)
+        capacity = cls.capacity(config, cardinalities, policy)
         cardinalities = np.asarray(cardinalities, dtype=np.int64)
         n_rows, n_tables = int(cardinalities.sum()), len(cardinalities)
         max_pairs = config.cluster.workers * config.train.batch_per_worker * n_tables
@@ -156,9 +162,20 @@ class Scheduler:
         following = stream.following()
         alloc = self.policy.allocate(rows, iteration,
                                      None if following is None else stream.rows_of(following, self.global_rows))
+        self._check_shares(alloc)
         self._timing["scoring"] = self.policy.timing["scoring"]
         self._timing["allocation"] = self.policy.timing["allocation"]
         return rows, alloc
+
+    def _check_shares(self, alloc: np.ndarray) -> None:
+        """Refuse an allocation that gives a worker more than its policy states: the caches hold only that."""
+        share = type(self.policy).largest_share(len(alloc), self.state.n_workers)
+        counts = np.bincount(alloc, minlength=self.state.n_workers)
+        if counts.max() > share:
+            worker = int(counts.argmax())
+            raise SchedulerError(f"{type(self.policy).__name__} gave worker {worker} {counts[worker]} of "
+                                 f"{len(alloc)} samples, more than the {share} its largest_share states "
+                                 f"(the caches are sized for that)")
 
     def _snapshot(self) -> Optional[dict]:
         """The state as ``snapshot_worker`` must see it when this iteration ends (the thread runs ahead)."""

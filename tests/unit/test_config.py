@@ -113,4 +113,4 @@ def test_smoke_caches_hold_a_working_set():
             spec = config.data.synthetic
             cardinalities = SyntheticGenerator(PROFILES[spec.like], rows=1, scale=spec.scale).cardinalities
             cache_capacity(sum(cardinalities), config.cache.ratio, config.train.batch_per_worker,
-                           len(cardinalities))
+                           len(cardinalities))  # every mode's allocation balances
