@@ -67,4 +67,4 @@ class Plan(Herald):
     """Herald's plans alone: random allocation with on-demand synchronization (Table 2)."""
 
     name = Mode.plan
-    schedule = SchedulePolicy(Allocation.random, Sync.on_demand)
+    schedule = SchedulePolicy(Allocation.balanced, Sync.on_demand)

@@ -39,7 +39,7 @@ class Vanilla(TrainingMode):
     """BSP with caches, full-set synchronization, random allocation."""
 
     name = Mode.vanilla
-    schedule = SchedulePolicy(Allocation.random, Sync.full_set)
+    schedule = SchedulePolicy(Allocation.balanced, Sync.full_set)
 
     def reduce(self, work: WorkerPlan, gradients: np.ndarray) -> np.ndarray:
         """Row-wise Adagrad: the shared rows' gradients summed over every worker (one allreduce); SGD: as they are."""

@@ -32,7 +32,7 @@ class SchedulerError(ValueError):
 
 
 class Allocation(str, enum.Enum):
-    random = "seeded random, balanced"
+    balanced = "seeded random, balanced"
     laia = "LAIA"
     contiguous = "contiguous shards per worker"
     hot_cold = "FAE's hot and cold mini-batches"
@@ -81,7 +81,7 @@ class SchedulePolicy:
 
     def allocation_class(self, config: Config) -> type[AllocationPolicy]:
         """The class of this allocation's policy under ``config`` (known before any state is built)."""
-        if self.allocation in (Allocation.random, Allocation.hot_cold):  # FAE: random within each hot or cold batch
+        if self.allocation in (Allocation.balanced, Allocation.hot_cold):  # FAE: random within each hot or cold batch
             return RandomAllocation
         if self.allocation is Allocation.contiguous:
             return ContiguousAllocation

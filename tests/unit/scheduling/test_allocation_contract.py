@@ -48,7 +48,7 @@ def _scheduler(cls, cache_ratio):
     config = load_config(None, ["cluster.workers=4", "train.batch_per_worker=8", f"cache.ratio={cache_ratio}",
                                 "scheduler.mode=vanilla", "scheduler.threads=1"])
     return Scheduler.from_config(config, cardinalities=CARDINALITIES,
-                                 policy=PolicyOf(Allocation.random, Sync.full_set, cls))
+                                 policy=PolicyOf(Allocation.balanced, Sync.full_set, cls))
 
 
 def _batches(count):

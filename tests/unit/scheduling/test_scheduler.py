@@ -134,8 +134,8 @@ def test_every_mode_is_one_policy_and_schedules(criteo_like):
 
     assert set(modes.MODES) == set(Mode)
     assert {m.value: (c.schedule.allocation, c.schedule.sync) for m, c in modes.MODES.items()} == {
-        "vanilla": (Allocation.random, Sync.full_set), "laia": (Allocation.laia, Sync.full_set),
-        "plan": (Allocation.random, Sync.on_demand), "herald": (Allocation.laia, Sync.on_demand),
+        "vanilla": (Allocation.balanced, Sync.full_set), "laia": (Allocation.laia, Sync.full_set),
+        "plan": (Allocation.balanced, Sync.on_demand), "herald": (Allocation.laia, Sync.on_demand),
         "het": (Allocation.contiguous, Sync.het_clocks), "fae": (Allocation.hot_cold, Sync.fae_replicas)}
     store = BatchStore(criteo_like)
     for mode, chosen in modes.MODES.items():
