@@ -53,6 +53,7 @@ PS (1/4 byte per row, 1/8 more for the lists of their words in use).
 Nothing per iteration touches an array of table or cache size.
 """
 import hashlib
+import time
 
 cimport cython
 import numpy as np
@@ -297,6 +298,7 @@ cdef class ClusterState:
     cdef int64_t update_base
     cdef bint spans_valid                    # False after plan(): plan pushes are in need order
     cdef readonly uint64_t event_digest      # hash of the last call's events
+    cdef readonly double needs_seconds       # the last plan()'s set_needs (hybrid bench scheduler's parts)
     cdef int64_t[::1] span_ends              # digest_events: [2b], [2b + 1] the events of span b
     cdef uint64_t[::1] span_hash             # and its hash
 
@@ -1495,12 +1497,15 @@ cdef class ClusterState:
         """
         cdef int64_t c, k, chunks, total = 0
         self.start_events()
+        self.needs_seconds = 0.0
         if rows_next is None:
             self.needs_ready = False
             with nogil:
                 self.digest_events()
             return self.counts()
+        start = time.perf_counter()
         self.set_needs(rows_next, alloc_next)
+        self.needs_seconds = time.perf_counter() - start
         chunks = min(self.chunk_fill.shape[0] - 1, max(1, self.n_pairs // 256))  # so threads share small batches too
         with nogil:
             for k in prange(self.n_need, num_threads=self.threads, schedule="static"):

@@ -30,6 +30,8 @@ from hybrid.scheduling.amdahl import parallel_part
 NAME = "scheduler"
 TITLE = "Scheduling time per global batch by stage (paper Fig. 12)"
 STAGES = ("scoring", "allocation", "state_update", "plan")
+# the state update's and the plan's parts (BatchPlan.parts), so that the serial part inside a stage shows
+PARTS = ("train", "update, the rest", "needs", "pushes", "plan, the rest")
 WORKERS = (8, 16, 32, 64, 128)
 PAPER = {"fig12_total_ms_16_threads": 7.7, "fig12_scoring_ms": 3.2, "fig12_allocation_ms": 0.6,
          "fig12_multithreaded_share": 0.92}
@@ -52,6 +54,8 @@ class BenchRow:
     memory: dict = field(default_factory=dict)  # what the scheduler holds on a rank (measure_memory)
     speedup: float = 1.0  # over the same case on one thread: the median of per-repeat ratios
     parallel: dict = field(default_factory=dict)  # stage -> Amdahl's parallel share from its median here and on 1
+    parts: dict = field(default_factory=dict)  # part (PARTS) -> mean ms per global batch (the median over repeats)
+    parts_parallel: dict = field(default_factory=dict)  # part -> Amdahl's parallel share, as ``parallel``
 
     @property
     def total_ms(self) -> float:
@@ -64,6 +68,9 @@ class BenchRow:
                 "total_runs_ms": [round(t, 6) for t in self.total_runs_ms],  # ns: speed-ups are ratios of these
                 "speedup_vs_1_thread": round(self.speedup, 3),
                 **({"parallel_share": {k: round(v, 3) for k, v in self.parallel.items()}} if self.parallel else {}),
+                "parts_ms": {k: round(v, 4) for k, v in self.parts.items()},
+                **({"parts_parallel_share": {k: round(v, 3) for k, v in self.parts_parallel.items()}}
+                   if self.parts_parallel else {}),
                 **self.memory}
 
 
@@ -125,20 +132,24 @@ def run_case(sparse, cardinalities, *, workers: int, batch_per_worker: int, thre
     batch = config.global_batch
     scheduler = modes.scheduler_for(config, cardinalities=cardinalities, worker=0)  # as a worker runs it
     batches = _batches(sparse, batch, warmup + iterations)
-    totals = dict.fromkeys(STAGES, 0.0)
+    totals, parts = dict.fromkeys(STAGES, 0.0), dict.fromkeys(PARTS, 0.0)
     for plan in scheduler.plans(batches):
         if plan.step >= warmup:
             for stage in STAGES:
                 totals[stage] += plan.timing[stage]
+            for part in PARTS:
+                parts[part] += plan.parts[part]
     return BenchRow(workers, batch_per_worker, threads, laia, iterations,
-                    {k: 1000 * v / iterations for k, v in totals.items()})
+                    {k: 1000 * v / iterations for k, v in totals.items()},
+                    parts={k: 1000 * v / iterations for k, v in parts.items()})
 
 
 def median_row(runs: list[BenchRow]) -> BenchRow:
     """One case's runs as one row: each stage's median, and every run's total."""
     first = runs[0]
     return BenchRow(first.workers, first.batch_per_worker, first.threads, first.laia, first.iterations,
-                    {k: statistics.median(r.ms[k] for r in runs) for k in STAGES}, [r.total_ms for r in runs])
+                    {k: statistics.median(r.ms[k] for r in runs) for k in STAGES}, [r.total_ms for r in runs],
+                    parts={k: statistics.median(r.parts[k] for r in runs) for k in PARTS})
 
 
 def run(*, workers=WORKERS, threads=(1, 2), batch_per_worker=(128,), laia=tuple(VARIANTS),
@@ -171,6 +182,7 @@ def run(*, workers=WORKERS, threads=(1, 2), batch_per_worker=(128,), laia=tuple(
         if one and t > 1:  # which stages the threads cut, and which hold the serial part
             single = rows[(n, b, 1, variant)]
             row.parallel = {s: parallel_part(single.ms[s], row.ms[s], t) for s in STAGES}
+            row.parts_parallel = {p: parallel_part(single.parts[p], row.parts[p], t) for p in PARTS}
     return {"scale": scale, "cache_ratio": cache_ratio, "warmup": warmup, "repeats": repeats, "paper": PAPER,
             "rows": [rows[case].to_dict() for case in cases]}
 
@@ -200,6 +212,13 @@ def format_table(result: dict) -> str:
         if r["workers"] == largest and r["threads"] == fewest and "memory_parts_mb" in r:
             lines.append(f"memory at {largest} workers, {r['laia']}: " + ", ".join(
                 f"{part} {mb:.1f} MB" for part, mb in r["memory_parts_mb"].items()))
+    for r in result["rows"]:  # inside the update and the plan: which part keeps the serial time
+        if r["workers"] == largest and "parts_ms" in r:
+            shares = r.get("parts_parallel_share")
+            lines.append(f"parts at {largest} workers, {r['laia']}, {r['threads']} thread(s), ms"
+                         + (" (parallel share)" if shares else "") + ": " + ", ".join(
+                             f"{part} {ms:.3f}" + (f" ({shares[part]:.2f})" if shares else "")
+                             for part, ms in r["parts_ms"].items()))
     return (f"ms per global batch, median of {result['repeats']} runs; speed-up over one thread (median of "
             f"per-repeat ratios); the scheduler's memory on one rank (all workers' cache slots); each stage's "
             f"parallel share, Amdahl's p from its medians on one thread and on this many "

@@ -6,7 +6,7 @@ never the cluster state. Every array follows the batch, never the cache.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -143,6 +143,10 @@ class BatchPlan:
     dirty: Optional[tuple] = None  # for a checkpoint or an evaluation: (rows, slots) dirty at the worker after it
     fae: Optional[object] = None  # FAE: what happens before this iteration (hybrid.scheduling.fae_plans.FaeStep)
     per_worker: Optional[np.ndarray] = None  # transmissions of train + plan per worker (pulls, pushes, P2P in)
+    # seconds of the state update's and the plan's parts (within timing's stages; hybrid bench scheduler):
+    # the state's train(), the rest of the update (the focus worker's events, the digest), the next batch's
+    # needs, the plan's pushes, and the rest of the plan (the focus worker's plan)
+    parts: dict = field(default_factory=dict)
 
     @property
     def needed(self) -> int:

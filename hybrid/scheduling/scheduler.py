@@ -262,6 +262,7 @@ class Scheduler:
             timing = dict(self._timing)
             start = time.perf_counter()
             counts = self.state.train()
+            parts = {"train": time.perf_counter() - start}
             if self.observe is not None:
                 self.observe("train")
             per_worker = self.state.worker_transmissions()
@@ -270,6 +271,7 @@ class Scheduler:
             let_the_loop_run()
             trained = self._trained()
             timing["state_update"] = time.perf_counter() - start
+            parts["update, the rest"] = timing["state_update"] - parts["train"]
             let_the_loop_run()
             upcoming = stream.next()
             let_the_loop_run()
@@ -280,6 +282,8 @@ class Scheduler:
                 next_rows = next_alloc = None
             start = time.perf_counter()
             planned = self.state.plan(next_rows, next_alloc)
+            parts["needs"] = self.state.needs_seconds
+            parts["pushes"] = time.perf_counter() - start - parts["needs"]
             if self.observe is not None:
                 self.observe("plan")
             per_worker += self.state.worker_transmissions()
@@ -288,6 +292,7 @@ class Scheduler:
             let_the_loop_run()
             work = self._work(trained, shared)
             timing["plan"] = time.perf_counter() - start
+            parts["plan, the rest"] = timing["plan"] - parts["needs"] - parts["pushes"]
             let_the_loop_run()
             counts = {k: counts[k] + planned[k] for k in KIND_NAMES} | dict.fromkeys(EXTRA_KINDS, 0)
             if shared is not None:
@@ -295,7 +300,7 @@ class Scheduler:
             self._next = (step + 1, next_alloc)
             yield BatchPlan(step=step, allocation=alloc, counts=counts, timing=timing,
                             digest=digest.hexdigest()[:16], work=work, snapshot=self._snapshot(),
-                            per_worker=per_worker)
+                            per_worker=per_worker, parts=parts)
             if upcoming is None:
                 return
             alloc, rows = next_alloc, next_rows

@@ -160,14 +160,23 @@ def test_scheduler_bench_reports_every_stage_as_medians(capsys, tmp_path):
         parts = row["memory_parts_mb"]
         assert {"holder sets", "caches", "row-to-slot tables", "events", "policy and the rest"} <= set(parts)
         assert sum(parts.values()) == pytest.approx(row["memory_mb"], abs=0.1) and parts["events"] > 0
+        # the update's and the plan's parts add up to them (medians of two runs are their means)
+        parts = row["parts_ms"]
+        assert list(parts) == list(scheduler_bench.PARTS) and parts["train"] > 0 and parts["needs"] > 0
+        assert parts["train"] + parts["update, the rest"] == pytest.approx(row["state_update_ms"], abs=1e-3)
+        assert parts["needs"] + parts["pushes"] + parts["plan, the rest"] == pytest.approx(row["plan_ms"], abs=1e-3)
         # each stage's parallel share on 2 threads: Amdahl's p from the two rows' medians (rounded to 3 decimals)
         if row["threads"] == 1:
-            assert "parallel_share" not in row
+            assert "parallel_share" not in row and "parts_parallel_share" not in row
         else:
             for s in scheduler_bench.STAGES:  # the JSON's ms are rounded to 1e-4: p within what that allows
                 low = _two_thread_share(row[f"{s}_ms"] + 5e-5, one[f"{s}_ms"] - 5e-5)
                 high = _two_thread_share(row[f"{s}_ms"] - 5e-5, one[f"{s}_ms"] + 5e-5)
                 assert low - 1e-3 <= row["parallel_share"][s] <= high + 1e-3
+            for p in scheduler_bench.PARTS:  # and each part's, alike
+                low = _two_thread_share(row["parts_ms"][p] + 5e-5, one["parts_ms"][p] - 5e-5)
+                high = _two_thread_share(row["parts_ms"][p] - 5e-5, one["parts_ms"][p] + 5e-5)
+                assert low - 1e-3 <= row["parts_parallel_share"][p] <= high + 1e-3
 
 
 def test_preprocess_bench_times_the_floor_and_each_process_count_on_one_input(capsys, tmp_path):
