@@ -1660,6 +1660,7 @@ cdef class ClusterState:
         return links[0::2].copy(), links[1::2].copy()
 
     def _set_links(self, more_recent, less_recent):
+        """Restore the replacement links from their int32 form (:meth:`_links`) into the width kept."""
         links = np.empty(2 * len(more_recent), dtype=np.int32)
         links[0::2], links[1::2] = more_recent, less_recent
         if self.narrow:
