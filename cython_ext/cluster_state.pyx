@@ -509,15 +509,19 @@ cdef class ClusterState:
         """Where ``row``'s entry is in ``w``'s table (from the table's start), or -1: not cached."""
         return self.probe(w, row, True)
 
+    cdef inline int32_t probed_slot(self, int w, int64_t row, bint confirm) noexcept nogil:
+        """The slot :meth:`probe` finds, or EMPTY."""
+        cdef int64_t i = self.probe(w, row, confirm)
+        return EMPTY if i < 0 else <int32_t>(self.table[w * self.table_size + i] & self.slot_mask)
+
     cdef inline int32_t tag_match(self, int w, int64_t row) noexcept nogil:
         """The slot the first entry bearing ``row``'s mark names: ``row``'s slot if it is cached, almost
         always (confirm in slot_row); EMPTY: it is not cached, for certain."""
-        cdef int64_t i = self.probe(w, row, False)
-        return EMPTY if i < 0 else <int32_t>(self.table[w * self.table_size + i] & self.slot_mask)
+        return self.probed_slot(w, row, False)
 
     cdef inline int32_t find(self, int w, int64_t row) noexcept nogil:
-        cdef int64_t i = self.position(w, row)
-        return EMPTY if i < 0 else <int32_t>(self.table[w * self.table_size + i] & self.slot_mask)
+        """``row``'s slot in ``w``'s cache, or EMPTY."""
+        return self.probed_slot(w, row, True)
 
     cdef inline void map_insert(self, int w, int64_t row, int32_t slot) noexcept nogil:
         cdef int64_t base = w * self.table_size

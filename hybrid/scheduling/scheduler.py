@@ -169,7 +169,7 @@ class Scheduler:
 
     def _check_shares(self, alloc: np.ndarray) -> None:
         """Refuse an allocation that gives a worker more than its policy states: the caches hold only that."""
-        share = type(self.policy).largest_share(len(alloc), self.state.n_workers)
+        share = self.policy.largest_share(len(alloc), self.state.n_workers)
         counts = np.bincount(alloc, minlength=self.state.n_workers)
         if counts.max() > share:
             worker = int(counts.argmax())
