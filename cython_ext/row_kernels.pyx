@@ -8,7 +8,7 @@ worker must not write outside the window), then copied without the GIL.
 NumPy's ``shard[rows] += values`` would add them once.
 """
 from cython cimport floating
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from libc.string cimport memcpy
 
 
@@ -90,3 +90,89 @@ def sgd_rows(floating[:, ::1] cache, const int32_t[::1] slots, const int32_t[::1
             row = &cache[slots[p], 0]
             for j in range(dim):
                 row[j] = row[j] - rate * gradients[p, j]
+
+
+# ------------------------------------------------------------------ bfloat16 on the wire (docs/design.md, section 14)
+cdef inline uint16_t _bf16(float value) noexcept nogil:
+    """The bfloat16 nearest ``value`` (ties to even) as its bits: fp32's sign, exponent and top 7 fraction bits.
+
+    A NaN stays a NaN (its quiet bit set, so rounding cannot turn it into an infinity).
+    """
+    cdef uint32_t bits
+    memcpy(&bits, &value, 4)
+    if (bits & 0x7FFFFFFFu) > 0x7F800000u:
+        return <uint16_t>((bits >> 16) | 0x40u)
+    return <uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16)
+
+
+cdef inline float _float(uint16_t half) noexcept nogil:
+    """The value of bfloat16 bits (exact in fp32 and float64)."""
+    cdef uint32_t bits = (<uint32_t>half) << 16
+    cdef float value
+    memcpy(&value, &bits, 4)
+    return value
+
+
+cdef int _holds(Py_ssize_t out, Py_ssize_t values) except -1:
+    if out != values:
+        raise ValueError(f"out must hold {values} values, got {out}")
+    return 0
+
+
+def encode_bf16(const floating[::1] values, uint16_t[::1] out):
+    """``out[i]`` = the bfloat16 bits of ``values[i]`` (float64 is rounded to fp32 first, then to bfloat16)."""
+    cdef Py_ssize_t i
+    _holds(out.shape[0], values.shape[0])
+    with nogil:
+        for i in range(values.shape[0]):
+            out[i] = _bf16(<float>values[i])
+
+
+def decode_bf16(const uint16_t[::1] bits, floating[::1] out):
+    """``out[i]`` = the value of bfloat16 ``bits[i]``."""
+    cdef Py_ssize_t i
+    _holds(out.shape[0], bits.shape[0])
+    with nogil:
+        for i in range(bits.shape[0]):
+            out[i] = _float(bits[i])
+
+
+def round_bf16(floating[::1] values):
+    """``values[i]`` = its bfloat16 rounding, in place (what a round trip over the wire leaves)."""
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(values.shape[0]):
+            values[i] = _float(_bf16(<float>values[i]))
+
+
+def gather_rows_bf16(const floating[:, ::1] shard, const int64_t[::1] rows, uint16_t[:, ::1] out):
+    """``out[i]`` = the bfloat16 bits of ``shard[rows[i]]``: a PS rank's reply to a 16-bit pull."""
+    cdef Py_ssize_t i, j, dim = shard.shape[1]
+    _check(rows, shard.shape[0], dim, out.shape[0], out.shape[1], "out")
+    with nogil:
+        for i in range(rows.shape[0]):
+            for j in range(dim):
+                out[i, j] = _bf16(<float>shard[rows[i], j])
+
+
+def put_rows_bf16(floating[:, ::1] shard, const int64_t[::1] rows, const uint16_t[:, ::1] values):
+    """``shard[rows[i]]`` = the value of bfloat16 ``values[i]``."""
+    cdef Py_ssize_t i, j, dim = shard.shape[1]
+    _check(rows, shard.shape[0], dim, values.shape[0], values.shape[1], "values")
+    with nogil:
+        for i in range(rows.shape[0]):
+            for j in range(dim):
+                shard[rows[i], j] = _float(values[i, j])
+
+
+def add_rows_bf16(floating[:, ::1] shard, const int64_t[::1] rows, const uint16_t[:, ::1] values):
+    """``shard[rows[i]] +=`` the value of bfloat16 ``values[i]``, in order (duplicates add twice), in the
+    shard's precision: the master rows keep their low bits."""
+    cdef Py_ssize_t i, j, dim = shard.shape[1]
+    cdef floating* target
+    _check(rows, shard.shape[0], dim, values.shape[0], values.shape[1], "values")
+    with nogil:
+        for i in range(rows.shape[0]):
+            target = &shard[rows[i], 0]
+            for j in range(dim):
+                target[j] += _float(values[i, j])

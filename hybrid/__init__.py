@@ -10,6 +10,7 @@ list, never from one below (``tests/unit/test_layout.py`` checks it):
   without running their code; the dense models.
 - ``hybrid.embedding_optimizer``: how a row's summed gradient updates it (SGD, row-wise Adagrad).
 - ``hybrid.lr_schedule``: the learning rates of each iteration (warm-up, constant, step, cosine).
+- ``hybrid.wire_format``: what rows and gradients are rounded to when they travel (``cluster.wire_precision``).
 - ``hybrid.exported``: a trained model taken out of the cluster (one file, no MPI).
 - ``hybrid.scheduling``: allocation, the cluster state's plans, the scheduler
   thread, FAE's strips; pure computation, the same on every rank.

@@ -92,6 +92,18 @@ class Transport(str, enum.Enum):
     packed = "packed"  # one message per PS rank per operation, applied by the PS
 
 
+class WirePrecision(str, enum.Enum):
+    """What rows and gradients are rounded to when they travel (hybrid/wire_format.py)."""
+
+    fp32 = "fp32"  # the model's own precision, bit for bit
+    bf16 = "bf16"  # bfloat16: half the bytes of fp32 on every link
+    fp16 = "fp16"  # refused: needs loss scaling (FP16_REFUSED)
+
+
+FP16_REFUSED = ("fp16 is refused: its 5-bit exponent flushes gradients below 6e-8 to zero and overflows above 65504, "
+                "which needs loss scaling this system does not do; use bf16 (fp32's exponent range)")
+
+
 class DenseOptimizer(str, enum.Enum):
     sgd = "sgd"
     adagrad = "adagrad"
@@ -158,6 +170,7 @@ class ClusterConfig:
     ps: int = 1
     transport: Transport = Transport.auto
     shard_plan: str = ""  # a plan from `hybrid plan-shards` (JSON); empty: contiguous row ranges
+    wire_precision: WirePrecision = WirePrecision.fp32  # rows and gradients on the wire (docs/design.md section 14)
 
 
 @dataclass
@@ -422,6 +435,12 @@ def validate(config: Config) -> None:
     _check(c.train.embedding_eps > 0, "train.embedding_eps", f"must be > 0, got {c.train.embedding_eps}")
     _check(c.train.allreduce in ("auto", "horovod", "host", "mpi"), "train.allreduce",
            f"expected one of auto, horovod, host, mpi, got {c.train.allreduce!r}")
+    _check(c.cluster.wire_precision is not WirePrecision.fp16, "cluster.wire_precision", FP16_REFUSED)
+    _check(c.cluster.wire_precision is WirePrecision.fp32 or c.train.embedding_optimizer is EmbeddingOptimizer.sgd,
+           "cluster.wire_precision", f"{c.cluster.wire_precision.value} is not supported with "
+           f"train.embedding_optimizer={c.train.embedding_optimizer.value}: its shared rows' gradient sum and its "
+           f"accumulators have no 16-bit rounding defined yet; use train.embedding_optimizer=sgd or "
+           f"cluster.wire_precision=fp32")
     _check(c.model.embedding_dim >= 1, "model.embedding_dim", f"must be >= 1, got {c.model.embedding_dim}")
     for key in ("bottom_mlp", "top_mlp"):
         widths = getattr(c.model, key)

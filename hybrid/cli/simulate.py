@@ -10,7 +10,7 @@ from hybrid.config import ConfigError, load_config
 def cmd_simulate(args) -> int:
     """Every case of ``--modes`` simulated on the same store, then counted against vanilla when it is one of them."""
     from hybrid.data.store import BatchStore
-    from hybrid.training.simulator import simulate_mode
+    from hybrid.training.simulator import simulate_mode, wire_row_bytes
 
     overrides = list(args.overrides)
     if args.workers is not None:
@@ -24,9 +24,11 @@ def cmd_simulate(args) -> int:
     with progress_bar(unit="batches", desc="simulate") as bar:
         results = {label: simulate_mode(case_config, store, mode, args.iterations, bar.update)
                    for label, (mode, case_config) in cases.items()}
-    _print_counts(config, results, text_out(args))
+    row_bytes = {label: wire_row_bytes(case_config) for label, (_, case_config) in cases.items()}
+    _print_counts(config, results, row_bytes, text_out(args))
     if args.json:
-        print(json.dumps({label: counts.summary() for label, counts in results.items()}))
+        print(json.dumps({label: {**counts.summary(), "bytes": counts.transmissions * row_bytes[label],
+                                  "row_bytes": row_bytes[label]} for label, counts in results.items()}))
     return 0
 
 
@@ -47,8 +49,9 @@ def _cases(args, overrides: list[str]) -> dict:
     return cases
 
 
-def _print_counts(config, results: dict, out) -> None:
-    """The table of counts, one row a case, with the cut against vanilla when vanilla was simulated."""
+def _print_counts(config, results: dict, row_bytes: dict, out) -> None:
+    """The table of counts, one row a case, with the cut against vanilla when vanilla was simulated, and the
+    rows' bytes per counted iteration as they cross hosts (``KB/iter``: 2 bytes a value with a 16-bit wire)."""
     from hybrid.training.simulator import reduction
 
     baseline = results.get("vanilla")
@@ -57,13 +60,14 @@ def _print_counts(config, results: dict, out) -> None:
           f"(after {config.scheduler.warmup_iterations} warm-up)", file=out)
     width = max(9, *(len(label) + 1 for label in results))
     print(f"{'mode':<{width}}{'pulls':>11}{'pushes':>11}{'p2p':>8}{'total':>11}{'-pull':>8}{'-push':>8}{'-total':>8}"
-          f"{'hit':>7}{'sched ms':>10}{'checks':>11}{'allreduced':>11}{'busiest':>10}", file=out)
+          f"{'hit':>7}{'sched ms':>10}{'checks':>11}{'allreduced':>11}{'busiest':>10}{'KB/iter':>10}", file=out)
     for label, counts in results.items():
         cut = reduction(counts, baseline) if baseline else None
         cuts = "".join(f"{cut[k]:>8.1%}" for k in ("pulls", "pushes", "transmissions")) if cut else " " * 24
         print(f"{label:<{width}}{counts.pulls:>11}{counts.pushes:>11}{counts.p2p:>8}{counts.transmissions:>11}"
               f"{cuts}{counts.hit_rate:>7.1%}{counts.sched_ms:>10.3f}{counts.version_checks:>11}"
-              f"{counts.allreduced:>11}{counts.busiest:>10}", file=out)
+              f"{counts.allreduced:>11}{counts.busiest:>10}"
+              f"{counts.transmissions * row_bytes[label] / max(1, counts.iterations) / 1024:>10.1f}", file=out)
 
 
 def register(subparsers) -> None:

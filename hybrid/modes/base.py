@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Optional
 
 import numpy as np
 
-from hybrid.config import Config, EmbeddingOptimizer, Mode, SyncMode
+from hybrid.config import Config, EmbeddingOptimizer, Mode, SyncMode, WirePrecision
 from hybrid.data.store import BatchStore, GlobalBatch
 from hybrid.runtime import launch_facts
 from hybrid.scheduling.plans import BatchPlan, WorkerPlan
@@ -76,6 +76,8 @@ class TrainingMode(abc.ABC):
     checkpoints: ClassVar[bool] = True  # checkpoints, mid-run evaluations, deterministic accumulation
     store_versions: ClassVar[bool] = False  # the PS keeps a version counter per row
     rowwise_optimizers: ClassVar[bool] = True  # trains embeddings with train.embedding_optimizer=rowwise_adagrad
+    # its transfers round as docs/design.md section 14 defines (cluster.wire_precision=bf16); else refused
+    sixteen_bit_wire: ClassVar[bool] = True
 
     # ------------------------------------------------------- scheduling side
     @classmethod
@@ -95,7 +97,13 @@ class TrainingMode(abc.ABC):
                                  f"supported with scheduler.mode={cls.name.value}: its workers update rows apart "
                                  f"(HET's stale copies, FAE's replicas), so no summed gradient exists to update "
                                  f"a row with; use train.embedding_optimizer=sgd or a BSP mode")
+        if config.cluster.wire_precision is not WirePrecision.fp32 and not cls.sixteen_bit_wire:
+            raise SchedulerError(f"cluster.wire_precision={config.cluster.wire_precision.value} is not supported "
+                                 f"with scheduler.mode={cls.name.value}: {cls._no_sixteen_bit_wire}; use "
+                                 f"cluster.wire_precision=fp32 or a BSP mode (docs/design.md section 14)")
         cls.check_settings(config)
+
+    _no_sixteen_bit_wire: ClassVar[str] = ""  # why not, when sixteen_bit_wire is False
 
     @classmethod
     def check_settings(cls, config: Config) -> None:

@@ -102,6 +102,9 @@ class Fae(Vanilla):
     schedule = SchedulePolicy(Allocation.hot_cold, Sync.fae_replicas)
     checkpoints = False
     rowwise_optimizers = False
+    sixteen_bit_wire = False
+    _no_sixteen_bit_wire = ("its hot rows' gradient allreduce and the replica's synchronization at strip switches "
+                            "have no 16-bit rounding defined yet")
 
     @classmethod
     def check_settings(cls, config: Config) -> None:

@@ -41,7 +41,8 @@ class Herald(Vanilla):
         if self.peers is not None:
             from hybrid.runtime import p2p_transport
 
-            self._exchange = p2p_transport.start(self.peers, self.cache, plan.work.p2p_out, plan.work.p2p_in)
+            self._exchange = p2p_transport.start(self.peers, self.cache, plan.work.p2p_out, plan.work.p2p_in,
+                                                 self.table.wire)
         return []
 
     def after_reads(self, work: WorkerPlan) -> None:

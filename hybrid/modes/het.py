@@ -38,6 +38,10 @@ class Het(TrainingMode):
     checkpoints = False
     rowwise_optimizers = False
     store_versions = True
+    sixteen_bit_wire = False
+    _no_sixteen_bit_wire = ("a worker's cached copy goes on from its own full-precision updates while the PS adds "
+                            "their rounded deltas, so the two drift apart by the rounding; no rounding of HET's "
+                            "pushes is defined yet")
 
     def __init__(self, context: WorkerContext):
         super().__init__(context)

@@ -76,14 +76,26 @@ class Vanilla(TrainingMode):
         # (nor its arrays) for those, each a few microseconds of the loop's own (docs/benchmarks.md, issue 54)
         writes = []
         if len(full):
-            writes.append(self.table.put(work.rows[full], self.cache[slots[full]]))
+            writes.append(self._send(work.rows[full], slots[full]))
         if len(work.plan_push):
-            writes.append(self.table.put(work.plan_push.rows, self.cache[work.plan_push.slots]))
+            writes.append(self._send(work.plan_push.rows, work.plan_push.slots))
         if self.config.train.deterministic:  # every worker takes every turn, with shared rows or without
             return writes + [self._accumulate_in_worker_order(work.rows[shared], -lr * gradients[shared], work)]
         if len(shared):
             writes.append(self.table.accumulate(work.rows[shared], -lr * gradients[shared]))
         return writes
+
+    def _send(self, rows: np.ndarray, slots: np.ndarray):
+        """Start writing cached rows to the PS; with a 16-bit wire the cached copies become what the PS gets.
+
+        The rows stay fresh in this cache, so the copy here and the one at the
+        PS must stay equal: both are the rounded row (docs/design.md section 14).
+        """
+        values = self.cache[slots]
+        if self.table.wire.sixteen_bit:
+            self.table.wire.round_(values)
+            self.cache[slots] = values
+        return self.table.put(rows, values)
 
     def _update_rowwise(self, work: WorkerPlan, gradients: np.ndarray) -> list:
         """Row-wise Adagrad: every row updated in the cache from its summed gradient (:meth:`reduce`); full-set and
@@ -113,7 +125,10 @@ class Vanilla(TrainingMode):
         return self.table.accumulate(rows[last], deltas[last])
 
     def flush(self) -> None:
-        """Write this worker's dirty rows to the PS (the cluster state says which, and they become clean)."""
+        """Write this worker's dirty rows to the PS (the cluster state says which, and they become clean).
+
+        At full precision whatever the wire: training has ended, and the PS gets the latest model as it is.
+        """
         workers, rows, slots = self.scheduler.state.flush_dirty()
         mine = workers == self.roles.worker
-        self.table.put(rows[mine], self.cache[slots[mine]]).wait()
+        self.table.put(rows[mine], self.cache[slots[mine]], exact=True).wait()

@@ -8,16 +8,16 @@ from hybrid.config import Config
 from hybrid.data.store import BatchStore
 from hybrid.projection.loads import loads
 from hybrid.projection.time_model import Cluster, Profile, bounding_stage, stage_ms
+from hybrid.wire_format import Wire
 
 
 def mlp_bytes(config: Config, store: BatchStore) -> int:
-    """Bytes of the dense model's gradients, what the workers allreduce each iteration."""
-    import torch
-
+    """Bytes of the dense model's gradients as the workers' sum sends them each iteration (2 a value with a
+    16-bit ``cluster.wire_precision``)."""
     from hybrid.models import build_model
 
     model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed)
-    itemsize = torch.empty((), dtype=getattr(torch, config.model.precision.value)).element_size()
+    itemsize = Wire.of(config).itemsize(config.model.precision.value)
     return sum(p.numel() for p in model.parameters()) * itemsize
 
 

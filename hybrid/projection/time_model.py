@@ -11,9 +11,8 @@ The loop's stages (docs/design.md section 11) and what each one waits for:
 - ``compute``: forward, backward and the optimizer step, per sample, on
   the worker's device.
 - ``allreduce``: the MLP's gradients summed over the workers (inside a
-  host through memory; between hosts a ring, or where the ranks share
-  cores the patient sum's binomial tree), and the calls around it (with
-  one worker, only those).
+  host through memory; between hosts a ring's bytes, which the runtime's
+  MPI sum sends too), and the calls around it (with one worker, only those).
 - ``push``: the updates written to the PS, overlapping the next batch's
   ``data``; the stage ends when the writes and the prefetch have arrived
   (the loop's flush).
@@ -280,20 +279,6 @@ def ring_bytes(load: Load, cluster: Cluster) -> float:
     return 2 * (hosts - 1) / hosts * (load.mlp_bytes + load.hot_allreduce_bytes) if hosts > 1 else 0.0
 
 
-def tree_bytes(load: Load, cluster: Cluster) -> float:
-    """What the root's host receives, and then sends, in the patient sum between hosts.
-
-    Where the workers wait patiently (their ranks share cores) the runtime
-    sums with Open MPI's non-blocking allreduce on an in-place buffer,
-    which (as on fewer than 4 ranks in any case) reduces up a binomial
-    tree and broadcasts down it (libnbc's ``nbc_iallreduce.c``), every
-    edge carrying the whole buffer: the root receives ``ceil(log2 h)``
-    buffers, one round after another, then sends as many at once.
-    """
-    hosts = cluster.worker_hosts
-    return math.ceil(math.log2(hosts)) * (load.mlp_bytes + load.hot_allreduce_bytes) if hosts > 1 else 0.0
-
-
 def barrier_rounds_ms(cluster: Cluster) -> float:
     """The workers' barrier between hosts: a round trip per doubling of the workers."""
     rounds = math.ceil(math.log2(cluster.workers)) if cluster.workers > 1 else 0
@@ -359,18 +344,16 @@ def stage_ms(load: Load, cluster: Cluster, profile: Profile) -> dict:
     - ``pull``: its operations' own costs, then the reads and the
       write-backs, each way at once; at its end the next iteration's
       prefetch leaves the PS and travels while the worker computes.
-    - ``allreduce``: its calls, and the MLP's bytes between hosts: a ring
-      (each NIC both ways), or where the ranks share cores the patient
-      sum's binomial tree (:func:`tree_bytes`), whose wait as measured
-      alone between hosts over unshaped links (the probe's sleeps, its
-      bytes at memory speed) the link's bytes replace where they take
-      longer.
+    - ``allreduce``: its calls, and the MLP's bytes between hosts: a ring's
+      (each NIC both ways; the runtime's MPI sum, a reduce-scatter and an
+      allgather, sends the same from every worker); where the ranks share
+      cores, the patient wait as measured alone between hosts over unshaped
+      links (the probe's sleeps, its bytes at memory speed), which the
+      link's bytes replace where they take longer.
     - ``push``: its operations, then the writes, which travel during the
       next batch's ``data`` (they show only by what they take longer) and
-      wait for the worker host's NIC to finish the allreduce's bytes (in
-      the patient tree the PS host's NIC takes the other workers' writes
-      from the first child's copy of the sum on); the stage ends when the
-      prefetch has arrived too (the loop's flush).
+      wait for the worker host's NIC to finish the allreduce's bytes; the
+      stage ends when the prefetch has arrived too (the loop's flush).
     """
     links, iteration, clock = _Links(cluster), {}, 0.0
     for _ in range(SETTLING_ITERATIONS + 1):
@@ -400,24 +383,15 @@ def _iteration(load: Load, cluster: Cluster, profile: Profile, links: _Links, cl
     waits = profile.patient_collectives(cluster.workers) if cluster.patient else (0.0, 0.0)
     calls = 1 + load.hot_allreduces  # FAE's hot rows: a second sum, its calls and patient wait as the MLP's
     hosts = cluster.worker_hosts
-    if cluster.patient and cluster.gbps is not None and hosts > 1:
-        rounds = math.ceil(math.log2(hosts))
-        gathered = links.move(clock, (links.worker_in, tree_bytes(load, cluster)), round_trips=calls * rounds / 2)
-        summed = links.move(gathered, (links.worker_out, tree_bytes(load, cluster)), round_trips=calls * rounds / 2)
-        allreduce = calls * profile.allreduce_ms * share + max(calls * waits[0], summed - clock)
-        writes_start = gathered + (summed - gathered) / rounds  # the first child's copy of the sum
-    else:
-        ring = ring_bytes(load, cluster)
-        summed = links.move(clock, (links.worker_out, ring), (links.worker_in, ring),
-                            round_trips=calls * (hosts - 1), burst_cap=load.mlp_bytes / hosts)
-        allreduce = calls * (profile.allreduce_ms * share + waits[0]) + (summed - clock)
-        writes_start = math.inf  # every worker has the sum when the stage ends
+    ring = ring_bytes(load, cluster)
+    summed = links.move(clock, (links.worker_out, ring), (links.worker_in, ring),
+                        round_trips=calls * (hosts - 1), burst_cap=load.mlp_bytes / hosts)
+    allreduce = calls * profile.allreduce_ms * share + max(calls * waits[0], summed - clock)
     clock += allreduce
     push_cpu = (load.push_ops * profile.op_ms + load.push_rows * profile.row_ms
                 + load.update_rows * profile.update_row_ms) * share
-    # the PS host's NIC takes the writes of the workers that have the sum while the root still sends it
     writes = max(links.move(clock, (links.worker_out, hosted(load.push_rows * row))),
-                 links.move(min(clock, writes_start), (links.ps_in, load.ps_push_rows * row)))
+                 links.move(clock, (links.ps_in, load.ps_push_rows * row)))
     push = push_cpu + max(0.0, writes - clock - data, ahead - clock - data)
     on_cpu = cluster.cores_per_host is not None
     schedule = profile.schedule_at(cluster.workers)

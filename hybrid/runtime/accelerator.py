@@ -70,12 +70,16 @@ class AllreduceChoice:
     reason: str
     by_mpi: bool = False  # the host buffer summed by MPI on the workers' communicator, not by Horovod
     summed: bool = True  # False: one worker, nothing to sum
+    sixteen_bit: bool = False  # by MPI, 16 bits a value on the wire (MpiCollectives.allreduce_rounded_)
 
     def describe(self) -> str:
         if not self.summed:
             how = "not summed"
+        elif self.sixteen_bit:
+            how = ("MPI reduce-scatter (sums in worker order) and allgather of one host buffer, bfloat16 on the "
+                   "wire (cluster.wire_precision)")
         elif self.by_mpi:
-            how = "MPI Allreduce of one host buffer on the workers' communicator"
+            how = "MPI reduce-scatter and allgather of one host buffer on the workers' communicator"
         elif self.host_staged:
             how = f"host-staged (Horovod {self.backend} on host copies)"
         else:
@@ -85,7 +89,7 @@ class AllreduceChoice:
 
 def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: bool, cpu_backend: str,
                      mpich_yields: Optional[list[bool]] = None,
-                     without_horovod: Optional[str] = None) -> AllreduceChoice:
+                     without_horovod: Optional[str] = None, sixteen_bit_wire: bool = False) -> AllreduceChoice:
     """The allreduce for ``train.allreduce`` given every worker's :func:`gpu_identity`.
 
     Every worker passes the same gathered lists, so every worker chooses
@@ -95,7 +99,10 @@ def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: b
     cores (``hybrid._ext.mpi_yield``); where all do, CPU workers sum by MPI.
     ``without_horovod``: why the workers run without Horovod
     (hybrid.runtime.comm.worker_collectives), None where they loaded it;
-    then they sum by MPI, through host memory.
+    then they sum by MPI, through host memory. ``sixteen_bit_wire``: the
+    gradients travel in 16 bits (``cluster.wire_precision``), which only
+    MPI's rounded sum does (``MpiCollectives.allreduce_rounded_``), through
+    host memory on GPUs too.
     """
     if wanted not in ALLREDUCES:
         raise AcceleratorError(f"train.allreduce: expected one of {', '.join(ALLREDUCES)}, got {wanted!r}")
@@ -105,6 +112,15 @@ def choose_allreduce(wanted: str, identities: list[Optional[str]], nccl_built: b
                                "or set train.device=cpu")
     if wanted == "auto" and len(identities) == 1:
         return AllreduceChoice(False, "none", "one worker", summed=False)
+    if sixteen_bit_wire:
+        if wanted == "horovod":
+            raise AcceleratorError("train.allreduce=horovod cannot send the MLP gradients in 16 bits with a sum "
+                                   "defined to the bit (Horovod's fp16 compression adds in 16 bits in the ring's "
+                                   "order); use train.allreduce=auto or mpi with cluster.wire_precision=bf16 "
+                                   "(docs/design.md section 14)")
+        why = "asked for (train.allreduce=mpi)" if wanted == "mpi" else without_horovod or \
+            "only MPI's rounded sum is defined to the bit"
+        return AllreduceChoice(True, "mpi", why, by_mpi=True, sixteen_bit=True)
     if wanted == "mpi":
         return AllreduceChoice(True, "mpi", "asked for (train.allreduce=mpi)", by_mpi=True)
     if without_horovod is not None:
@@ -188,9 +204,10 @@ class HostStagedOptimizer(DenseOptimizer):
     a GPU's is copied to pinned host memory and back, once each way.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, hvd, parameters: list[torch.nn.Parameter]):
+    def __init__(self, optimizer: torch.optim.Optimizer, hvd, parameters: list[torch.nn.Parameter], wire=None):
         super().__init__(optimizer)
         self.hvd, self.parameters = hvd, parameters
+        self.wire = wire  # a 16-bit wire: summed by hvd.allreduce_rounded_ (comm.MpiCollectives)
         numel = sum(p.numel() for p in parameters)
         device = parameters[0].device if parameters else torch.device("cpu")
         dtype = parameters[0].dtype if parameters else torch.float32
@@ -222,7 +239,10 @@ class HostStagedOptimizer(DenseOptimizer):
         if self.host is not self.flat:
             self.host.copy_(self.flat, non_blocking=True)
             torch.cuda.current_stream(self.flat.device).synchronize()
-        self.hvd.allreduce_(self.host, op=self.hvd.Sum, name="host_staged_gradients")
+        if self.wire is not None and self.wire.sixteen_bit:
+            self.hvd.allreduce_rounded_(self.host, self.wire)
+        else:
+            self.hvd.allreduce_(self.host, op=self.hvd.Sum, name="host_staged_gradients")
         if self.host is not self.flat:
             self.flat.copy_(self.host, non_blocking=True)
         self._summed = True

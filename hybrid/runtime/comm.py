@@ -293,7 +293,8 @@ class MpiCollectives:
     Each sum starts when the last worker calls it, in the calling thread (no
     coordination cycle to wait for), over host memory: GPU tensors are
     staged by the caller (hybrid.runtime.accelerator.HostStagedOptimizer).
-    One ``MPI_Allreduce`` gives every worker the same sum, so replicas that
+    A sum is a reduce-scatter and an allgather (:meth:`_sum_in_chunks`):
+    every worker gets the same sum, added in worker order, so replicas that
     apply it (FAE's hot rows, the MLP) stay equal. ``reason`` says why the
     run uses it; the training summary prints it. ``patient``: the ranks share
     cores, so a worker waiting for the others' sum sleeps between tests of a
@@ -328,15 +329,63 @@ class MpiCollectives:
     def allreduce_(self, tensor, op: str = Sum, name: str = "") -> object:
         """Sum a contiguous host ``tensor`` over the workers, in place."""
         self._check(tensor, op)
-        if self.comm.size == 1:
-            return tensor
-        if self.patient:
-            request = self.comm.Iallreduce(MPI.IN_PLACE, tensor.numpy(), op=MPI.SUM)
-            while not request.Test():
-                time.sleep(PATIENT_POLL_SECONDS)
-        else:
-            self.comm.Allreduce(MPI.IN_PLACE, tensor.numpy(), op=MPI.SUM)
+        if self.comm.size > 1:
+            self._sum_in_chunks(tensor.numpy().reshape(-1))
         return tensor
+
+    def allreduce_rounded_(self, tensor, wire) -> object:
+        """Sum a contiguous host ``tensor`` over the workers in place, every value on the wire in ``wire``'s 16 bits.
+
+        Worker ``c`` adds everyone's rounded chunk ``c`` in the tensor's
+        precision and rounds the sum (docs/design.md section 14): half the
+        bytes of the fp32 sum, and a sum defined to the bit, which a
+        reference can repeat (Horovod's ``Compression.fp16`` adds in 16 bits
+        in the ring's order).
+        """
+        self._check(tensor, self.Sum)
+        if self.comm.size > 1:
+            self._sum_in_chunks(tensor.numpy().reshape(-1), wire)
+        return tensor
+
+    def _sum_in_chunks(self, values: np.ndarray, wire=None) -> None:
+        """``values`` = their sum over the workers: a reduce-scatter, then an allgather.
+
+        ``Alltoall`` gives worker ``c`` chunk ``c`` of every worker's values;
+        it adds them in worker order and ``Allgather`` gives every worker
+        every chunk's sum. Each worker sends ``(n - 1) / n`` of the values
+        twice, as a ring allreduce does. It replaced ``MPI_Allreduce``, whose
+        non-blocking form under Open MPI (libnbc) takes a binomial tree for an
+        in-place sum over fewer than 4 ranks: the root of 3 CPU workers sent
+        7.9 MB per W1 iteration, the others 4.3 (``hybrid bench e2e``,
+        docs/benchmarks.md). With ``wire`` (16 bits) the values travel as its
+        bits and the sum is rounded before the allgather.
+        """
+        n = self.comm.size
+        chunk = -(-len(values) // n)
+        mine = np.zeros(n * chunk, dtype=np.uint16 if wire is not None else values.dtype)
+        mine[:len(values)] = values if wire is None else wire.encode(values)
+        theirs = np.empty_like(mine)
+        self._collective("Alltoall", mine, theirs)
+        parts = theirs if wire is None else wire.decode(theirs, np.empty(n * chunk, dtype=values.dtype))
+        parts = parts.reshape(n, chunk)
+        total = parts[0].copy()
+        for part in parts[1:]:  # worker order
+            total += part
+        summed = np.empty_like(mine)
+        self._collective("Allgather", total if wire is None else wire.encode(total), summed)
+        if wire is None:
+            values[:] = summed[:len(values)]
+        else:
+            wire.decode(summed[:len(values)], values)
+
+    def _collective(self, name: str, send: np.ndarray, receive: np.ndarray) -> None:
+        """``Alltoall`` or ``Allgather``: blocking, or when ``patient`` its non-blocking form, tested between sleeps."""
+        if not self.patient:
+            getattr(self.comm, name)(send, receive)
+            return
+        request = getattr(self.comm, "I" + name.lower())(send, receive)
+        while not request.Test():
+            time.sleep(PATIENT_POLL_SECONDS)
 
     def allreduce(self, tensor, op: str = Sum, name: str = "") -> object:
         """The sum of a host ``tensor`` over the workers, as a new tensor."""

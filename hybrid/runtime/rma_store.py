@@ -23,6 +23,17 @@ the window memory (``init(shard, runs)``, ``runs`` as
 :meth:`ShardPlan.runs`), so its peak memory is the shard plus the process
 itself, and all PS ranks initialize in parallel.
 
+With a 16-bit :class:`~hybrid.wire_format.Wire` (``cluster.wire_precision``,
+docs/design.md section 14) the rows a worker reads arrive rounded, and the
+rows and deltas it writes are rounded before they leave, on both
+transports: the packed transport sends bfloat16 bits (half the bytes) and
+the PS converts them to and from its master rows; one-sided operations
+cannot (an ``Accumulate`` adds values of the window's own type, and a
+``Get`` reads them), so ``rma`` moves the rounded values at full width, on
+the one host where it is chosen, and the model is the same. ``exact=True``
+moves full precision on either: checkpoints, evaluations, the final flush
+(what training sends is rounded; what only reads or saves the model is not).
+
 With ``versions=True`` (HET, docs/design.md section 7) the PS ranks also
 keep one int64 version per row in a second window, read with
 :meth:`EmbeddingStore.read_versions` and added to with
@@ -47,6 +58,7 @@ from mpi4py import MPI
 from hybrid.runtime import packed_transport
 from hybrid.runtime.comm import idle_barrier
 from hybrid.runtime.shard_plan import ShardPlan
+from hybrid.wire_format import Wire
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
 TRANSPORTS = ("auto", "rma", "packed")
@@ -85,7 +97,8 @@ class Handle:
     A plain class with slots: several are made every iteration.
     """
 
-    __slots__ = ("store", "targets", "version_targets", "requests", "scatter", "buffers", "done")
+    __slots__ = ("store", "targets", "version_targets", "requests", "scatter", "buffers", "done", "rounded",
+                 "decoded")
 
     def __init__(self, store: "EmbeddingStore"):
         self.store = store
@@ -94,13 +107,19 @@ class Handle:
         self.requests: list = []  # messages to complete (packed)
         self.scatter: list = []  # (destination, positions, staging, columns) for reads
         self.buffers: list = []  # origin buffers MPI may read until the flush
+        self.rounded: list = []  # read rows to round once landed (one-sided reads with a 16-bit wire)
+        self.decoded: list = []  # (bfloat16 bits, values) of packed reads with a 16-bit wire, decoded once landed
         self.done = False
 
     def wait(self) -> None:
         self.store.complete(self)
 
     def _finish(self) -> None:
-        """After the flush: place read rows, release origin buffers."""
+        """After the flush: round or decode read rows (16-bit wire), place them, release origin buffers."""
+        for values in self.rounded:
+            self.store.wire.round_(values)
+        for bits, values in self.decoded:
+            self.store.wire.decode(bits, values)
         for destination, positions, staging, columns in self.scatter:
             if columns is None:
                 destination[positions] = staging
@@ -120,6 +139,7 @@ class EmbeddingStore:
     ``plan``: a :class:`ShardPlan` for ``n_rows`` rows on ``len(ps_ranks)``
     shards (default: contiguous ranges).
     ``transport``: ``auto``, ``rma`` or ``packed`` (see the module docstring);
+    ``wire``: what training's transfers are rounded to (default: fp32, none);
     ``spin_seconds``: how long a PS rank keeps probing after a packed message
     before it sleeps between probes (0 when ranks share cores). With the
     packed transport PS ranks answer only inside :meth:`barrier` (and
@@ -130,8 +150,10 @@ class EmbeddingStore:
     def __init__(self, comm: MPI.Comm, ps_ranks: Sequence[int], n_rows: int, dim: int, *,
                  dtype=np.float32, init: Optional[Callable[[np.ndarray, int], None]] = None,
                  transport: str = "auto", spin_seconds: float = 0.002, versions: bool = False,
-                 plan: Optional[ShardPlan] = None, poll_seconds: Optional[float] = None):
+                 plan: Optional[ShardPlan] = None, poll_seconds: Optional[float] = None,
+                 wire: Optional[Wire] = None):
         self.comm, self.ps_ranks, self.dim = comm, list(ps_ranks), dim
+        self.wire = wire or Wire()
         self.poll_seconds = poll_seconds  # a PS rank's sleep between polls in barrier() (None: comm.idle_barrier's)
         self.dtype = np.dtype(dtype)
         if self.dtype not in _MPI_TYPES:
@@ -265,11 +287,22 @@ class EmbeddingStore:
                 row = self._slice_types[width] = self.basic.Create_contiguous(width).Commit()
         return row.Create_indexed_block(1, local_rows.astype(np.int32).tolist()).Commit()
 
+    @property
+    def wire_row_bytes(self) -> int:
+        """Bytes of one row as training moves it: 16-bit values on the packed transport with a 16-bit wire,
+        else the stored width (one-sided operations move the window's type)."""
+        return self.dim * (2 if self._sixteen(False) and self.channel is not None else self.dtype.itemsize)
+
+    def _sixteen(self, exact: bool) -> bool:
+        """Whether an operation rounds to 16 bits: training's, with a 16-bit wire."""
+        return self.wire.sixteen_bit and not exact
+
     def pull(self, rows: np.ndarray, out: np.ndarray, at: Optional[np.ndarray] = None, *,
-             only: Optional[int] = None) -> Handle:
+             only: Optional[int] = None, exact: bool = False) -> Handle:
         """Start reading ``rows[i]`` into ``out[i]``, or into ``out[at[i]]`` (e.g. cache slots).
 
         ``only``: read just what PS shard ``only`` holds of the rows (timing one rank's share).
+        ``exact``: full precision whatever the wire (reads that are not training's: module docstring).
         """
         if at is None:
             self._check_values(rows, out, "out")
@@ -278,26 +311,32 @@ class EmbeddingStore:
                              f"got {out.shape} {out.dtype} and {len(at)} positions")
         self.rows_moved["pull"] += len(rows)
         handle = Handle(self)
+        sixteen = self._sixteen(exact)
         if self._whole_rma:
-            return self._get_whole(rows, out, at, only, handle)
+            return self._get_whole(rows, out, at, only, handle, sixteen)
         for target, parts in self._by_target(rows, only):
             flat, staged = self._staging(parts)
             if self.channel is not None:  # one message per width
                 for (_, local, columns), staging in zip(parts, staged):
-                    requests, ids = packed_transport.request_pull(self.channel, target, local, staging,
-                                                                  width=self._slice_width(columns))
+                    reply = np.empty(staging.shape, dtype=np.uint16) if sixteen else staging
+                    requests, ids = packed_transport.request_pull(self.channel, target, local, reply,
+                                                                  width=self._slice_width(columns), sixteen=sixteen)
                     handle.requests += requests
                     handle.buffers.append(ids)
+                    if sixteen:
+                        handle.decoded.append((reply, staging))
             else:  # one Get per rank, whatever the widths
                 ttype = self._target_type(parts)
                 self.win.Get([flat, flat.size, self.basic], target, target=(0, 1, ttype))
                 ttype.Free()
                 handle.targets.append(target)
+                if sixteen:
+                    handle.rounded.append(flat)
             for (positions, _, columns), staging in zip(parts, staged):
                 handle.scatter.append((out, positions if at is None else at[positions], staging, columns))
         return handle
 
-    def _get_whole(self, rows, out, at, only, handle: Handle) -> Handle:
+    def _get_whole(self, rows, out, at, only, handle: Handle, sixteen: bool) -> Handle:
         """:meth:`pull` of whole rows with one-sided operations: one ``Get`` per PS rank.
 
         Rows all on one PS rank and no ``at`` land in ``out`` itself (the
@@ -317,6 +356,8 @@ class EmbeddingStore:
             self.win.Get([staging, staging.size, self.basic], target, target=(0, 1, ttype))
             ttype.Free()
             handle.targets.append(target)
+            if sixteen:
+                handle.rounded.append(staging)
             if not direct:
                 handle.scatter.append((out, positions if at is None else at[positions], staging, None))
         return handle
@@ -400,16 +441,19 @@ class EmbeddingStore:
             handle.buffers.append(staging)
         return handle
 
-    def put(self, rows: np.ndarray, values: np.ndarray, *, only: Optional[int] = None) -> Handle:
+    def put(self, rows: np.ndarray, values: np.ndarray, *, only: Optional[int] = None,
+            exact: bool = False) -> Handle:
         """Start overwriting ``rows`` with ``values`` (rows owned exclusively by the caller).
 
-        ``values`` must not change until the handle completes: MPI may read it until then."""
-        return self._write(rows, values, accumulate=False, only=only)
+        ``values`` must not change until the handle completes: MPI may read it until then.
+        ``exact``: full precision whatever the wire (writes that are not training's: module docstring)."""
+        return self._write(rows, values, accumulate=False, only=only, exact=exact)
 
-    def accumulate(self, rows: np.ndarray, values: np.ndarray, *, only: Optional[int] = None) -> Handle:
-        """Start adding ``values`` to ``rows`` (element-wise atomic sum at the PS); ``values`` unchanged until the
-        handle completes."""
-        return self._write(rows, values, accumulate=True, only=only)
+    def accumulate(self, rows: np.ndarray, values: np.ndarray, *, only: Optional[int] = None,
+                   exact: bool = False) -> Handle:
+        """Start adding ``values`` to ``rows`` (element-wise atomic sum at the PS, in its precision: a 16-bit
+        wire rounds ``values``, not the sum); ``values`` unchanged until the handle completes."""
+        return self._write(rows, values, accumulate=True, only=only, exact=exact)
 
     def replace(self, rows: np.ndarray, values: np.ndarray) -> Handle:
         """Start overwriting ``rows`` that several workers write at once, each with the same ``values``.
@@ -422,22 +466,26 @@ class EmbeddingStore:
         """
         return self._write(rows, values, accumulate=True, only=None, op=MPI.REPLACE)
 
-    def _write(self, rows, values, accumulate: bool, only: Optional[int], op=MPI.SUM) -> Handle:
+    def _write(self, rows, values, accumulate: bool, only: Optional[int], op=MPI.SUM, exact: bool = False) -> Handle:
         self._check_values(rows, values, "values")
         self.rows_moved["accumulate" if accumulate else "put"] += len(rows)
         handle = Handle(self)
+        sixteen = self._sixteen(exact)
+        if sixteen and self.channel is None:  # one-sided: the rounded values at the window's width
+            values = self.wire.round(values)
         if self._whole_rma:
             return self._write_whole(rows, values, accumulate, only, op, handle)
         for target, parts in self._by_target(rows, only):
             if self.channel is not None:  # one message per width; the rows go straight into it, one copy
-                kind = packed_transport.ADD if accumulate and op == MPI.SUM else packed_transport.PUT
+                kind = packed_transport.write_kind(accumulate and op == MPI.SUM, sixteen)
                 for positions, local, columns in parts:
                     if columns is not None:  # the pieces' values, gathered once
                         values_of, positions = values[positions[:, None], columns], np.arange(len(positions))
                     else:
                         values_of = values
                     requests, packed = packed_transport.request_write(
-                        self.channel, target, local, values_of, positions, kind, width=self._slice_width(columns))
+                        self.channel, target, local, values_of, positions, kind, width=self._slice_width(columns),
+                        sixteen=sixteen)
                     handle.requests += requests
                     handle.buffers.append(packed)
                 continue
@@ -479,7 +527,7 @@ class EmbeddingStore:
         chunk = max(1, (256 << 20) // self.row_bytes)
         for begin in range(0, self.plan.n_rows, chunk):
             rows = np.arange(begin, min(begin + chunk, self.plan.n_rows))
-            self.pull(rows, out[begin:begin + chunk]).wait()
+            self.pull(rows, out[begin:begin + chunk], exact=True).wait()
         return out
 
     def barrier(self) -> None:

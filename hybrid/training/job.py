@@ -360,6 +360,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         return None
     everything, counted = trainer.run.figures, trainer.run.counted
     row_bytes = config.row_bytes
+    wire_bytes = trainer.table.wire_row_bytes  # a row as training moved it: 2 bytes a value with a 16-bit wire
     pulls, pushes, p2p = int(total[0]), int(total[1] + total[2]), int(total[3])
     samples = sum(r["samples"] for r in log)
     shard_rows = trainer.table.plan.shard_rows
@@ -370,8 +371,9 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         "seconds": round(seconds, 3), "paused_seconds": round(trainer.run.paused_seconds, 3),
         "throughput": round(samples / training, 1) if training > 0 else 0.0,
         "transmissions": {"pull_rows": pulls, "push_rows": pushes, "p2p_rows": p2p, "rows": pulls + pushes + p2p,
-                          "pull_bytes": pulls * row_bytes, "push_bytes": pushes * row_bytes,
-                          "p2p_bytes": p2p * row_bytes},
+                          "pull_bytes": pulls * wire_bytes, "push_bytes": pushes * wire_bytes,
+                          "p2p_bytes": p2p * config.row_width * trainer.table.wire.itemsize(trainer.dtype)},
+        "wire_precision": config.cluster.wire_precision.value,
         "version_checks": {"rows": int(total[4]), "bytes": 8 * int(total[4])},  # HET: read, not transmissions
         # FAE's hot rows and row-wise Adagrad's shared rows, summed with Horovod: not transmissions
         "allreduced_rows": everything.allreduced,

@@ -87,6 +87,7 @@ from hybrid.scheduling.allocation import AdaptiveLaiaAllocation
 from hybrid.scheduling.plan_producer import PlanProducer
 from hybrid.scheduling.plans import BatchPlan
 from hybrid.training.figures import Figures
+from hybrid.wire_format import Wire
 
 STAGES = ("data", "schedule_wait", "pull", "compute", "allreduce", "push", "barrier")
 
@@ -195,7 +196,8 @@ class HybridTrainer:
         self.table = EmbeddingStore(roles.world, roles.ps_ranks, n_rows, config.row_width, dtype=self.dtype,
                                     init=self._initial_rows(resume, plan), transport=config.cluster.transport.value,
                                     spin_seconds=0.0 if roles.oversubscribed else 0.002,
-                                    versions=mode.store_versions, plan=plan, poll_seconds=roles.poll_seconds)
+                                    versions=mode.store_versions, plan=plan, poll_seconds=roles.poll_seconds,
+                                    wire=Wire.of(config))
         self.hvd = worker_collectives(roles, config.train.allreduce,  # horovod.torch, or MpiCollectives
                                       gpu=self._computes_on_gpu(config, roles))
         self.last_loss = 0.0
@@ -229,7 +231,8 @@ class HybridTrainer:
         self.allreduce = accelerator.choose_allreduce(
             config.train.allreduce, list(identities), nccl_built=bool(self.hvd.nccl_built()),
             cpu_backend="gloo" if self.hvd.gloo_enabled() else "mpi", mpich_yields=list(mpich_yields),
-            without_horovod=self.hvd.reason if isinstance(self.hvd, MpiCollectives) else None)
+            without_horovod=self.hvd.reason if isinstance(self.hvd, MpiCollectives) else None,
+            sixteen_bit_wire=self.table.wire.sixteen_bit)
         self.optimizer = self._dense_optimizer()
         self.resume_arrays = None
         if resume is not None:
@@ -306,7 +309,7 @@ class HybridTrainer:
         if self.allreduce.by_mpi:
             collectives = self.hvd if isinstance(self.hvd, MpiCollectives) else \
                 MpiCollectives(self.roles.workers, self.allreduce.reason, patient=self.roles.patient_workers)
-            return accelerator.HostStagedOptimizer(local, collectives, list(self.model.parameters()))
+            return accelerator.HostStagedOptimizer(local, collectives, list(self.model.parameters()), self.table.wire)
         if self.allreduce.host_staged:
             return accelerator.HostStagedOptimizer(local, self.hvd, list(self.model.parameters()))
         return accelerator.DenseOptimizer(
@@ -370,13 +373,17 @@ class HybridTrainer:
         return round((step + 1) / self.per_epoch, 4)
 
     def _restore_cache(self) -> None:
-        """Resuming: read this worker's cached rows back from the PS (checkpointed with every dirty row)."""
+        """Resuming: read this worker's cached rows back from the PS (checkpointed with every dirty row).
+
+        At full precision whatever the wire: between iterations a cached row
+        equals its PS copy bit for bit, rounded or not (docs/design.md section 14).
+        """
         if self.resume_arrays is None:
             return
         capacity, me = self.scheduler.state.capacity, self.roles.worker
         rows = self.resume_arrays["state.slot_row"][me * capacity:(me + 1) * capacity].astype(np.int64)
         slots = np.flatnonzero(rows >= 0)
-        self.table.pull(rows[slots], self.cache, at=slots).wait()
+        self.table.pull(rows[slots], self.cache, at=slots, exact=True).wait()
         self.run.restored_rows += len(slots)
         self.resume_arrays = None  # the scheduler holds what it needs
 
@@ -497,7 +504,7 @@ class HybridTrainer:
         needs was plan-pushed, so it is no longer dirty.
         """
         rows, slots = plan.dirty
-        self.table.put(rows, self.cache[slots]).wait()
+        self.table.put(rows, self.cache[slots], exact=True).wait()
         self.run.flushed_rows += len(rows)
 
     def _checkpoint(self, plan: BatchPlan) -> dict:
@@ -694,7 +701,7 @@ class HybridTrainer:
         checkable = snapshot["fresh"][rows] & snapshot["at_ps"][rows]
         rows, slots = rows[checkable], slots[checkable]
         at_ps = np.empty((len(rows), self.cache.shape[1]), dtype=self.dtype)
-        self.table.pull(rows, at_ps).wait()
+        self.table.pull(rows, at_ps, exact=True).wait()  # a 16-bit wire too: equal to the bit (design section 14)
         bad = np.flatnonzero((at_ps != self.cache[slots]).any(axis=1))
         if len(bad):
             raise RuntimeError(f"worker {me}: {len(bad)} fresh cached rows differ from the PS, e.g. row "
@@ -734,7 +741,7 @@ class HybridTrainer:
                 rows = batch.sparse.astype(np.int64) + offsets
                 unique, inverse = np.unique(rows, return_inverse=True)
                 values = np.empty((len(unique), self.config.row_width), dtype=self.dtype)
-                self.table.pull(unique, values).wait()
+                self.table.pull(unique, values, exact=True).wait()  # the master rows, whatever the wire
                 emb = self.staging.to_device(values[inverse.reshape(rows.shape), :self.config.model.embedding_dim])
                 logits = self.model(self.staging.to_device(batch.dense, self.torch_dtype), emb)
                 probabilities.append(torch.sigmoid(logits).cpu().numpy())

@@ -60,9 +60,11 @@ def reference(config, store, iterations: int):
     return _REFERENCES[key]
 
 
-def assert_equals_reference(run: Run, config, store, iterations: int, tolerance: float = 1e-9) -> None:
-    """Worker 0: the run's embeddings and MLP equal plain single-process SGD on the whole global batch."""
-    expected_table, expected_model = reference(config, store, iterations)
+def assert_equals_reference(run: Run, config, store, iterations: int, tolerance: float = 1e-9,
+                            expected: Optional[tuple] = None) -> None:
+    """Worker 0: the run's embeddings and MLP equal plain single-process SGD on the whole global batch
+    (or ``expected``: another reference's (table, model))."""
+    expected_table, expected_model = expected or reference(config, store, iterations)
     assert np.abs(run.table - expected_table).max() < tolerance
     for got, want in zip(run.params, expected_model.parameters()):
         assert np.abs(got - want.detach().numpy()).max() < tolerance

@@ -45,9 +45,12 @@ def _train(config, store, resume=None):
 @pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("n_ps,sync", [(1, "ps"), (2, "ps"), (1, "p2p")])
+@pytest.mark.parametrize("n_ps,sync,wire", [(1, "ps", "fp32"), (2, "ps", "fp32"), (1, "p2p", "fp32"),
+                                             (1, "ps", "bf16"), (2, "p2p", "bf16")])
 def test_resuming_from_a_mid_run_checkpoint_ends_with_the_uninterrupted_model(store_path, tmp_path_factory, n_ps,
-                                                                              sync):
+                                                                              sync, wire):
+    """With a 16-bit wire too: the rows dirty at the checkpoint come back at full precision, the others as
+    the rounded rows their pulls gave (docs/design.md section 14)."""
     world = MPI.COMM_WORLD
     root = Path(world.bcast(str(tmp_path_factory.mktemp("ck")) if world.rank == 0 else None))
     config = load_config(None, [f"data.path={store_path}", f"cluster.workers={world.size - n_ps}",
@@ -55,7 +58,7 @@ def test_resuming_from_a_mid_run_checkpoint_ends_with_the_uninterrupted_model(st
                                 "model.embedding_dim=4", "model.top_mlp=[8]", "model.precision=float64",
                                 "scheduler.mode=herald", f"scheduler.sync={sync}", "train.iterations=30",
                                 "train.checkpoint_every=10", "train.checkpoint_keep=3", f"train.checkpoint_dir={root}",
-                                "train.deterministic=true"])
+                                "train.deterministic=true", f"cluster.wire_precision={wire}"])
     store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
     table, params, digests, _ = _train(config, store)
     saved = ckpt.CheckpointDir(root).complete()

@@ -88,8 +88,8 @@ def test_auto_where_horovod_cannot_be_imported_sums_by_mpi_and_equals_the_refere
                              "train.allreduce=auto", "train.device=cpu")
     workers = ", ".join(str(w) for w in range(MPI.COMM_WORLD.size - 1))
     if MPI.COMM_WORLD.rank < MPI.COMM_WORLD.size - 1:
-        assert run.allreduce == ("MPI Allreduce of one host buffer on the workers' communicator: Horovod is not "
-                                 f"installed (worker(s) {workers})")
+        assert run.allreduce == ("MPI reduce-scatter and allgather of one host buffer on the workers' communicator: "
+                                 f"Horovod is not installed (worker(s) {workers})")
 
 
 @pytest.mark.mpi(min_size=3)

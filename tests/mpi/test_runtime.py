@@ -191,12 +191,12 @@ def test_training_reports_throughput_transmissions_and_auc(store_path, tmp_path_
         else:
             allreduce = "Horovod mpi: CPU workers"
             if shared:  # hybrid.runtime.comm.worker_collectives: Horovod's cycle is not worth its cost there
-                allreduce = ("MPI Allreduce of one host buffer on the workers' communicator: CPU workers whose "
-                             "ranks share cores (Horovod's coordination cycle would take a core's share from "
-                             "training)")
+                allreduce = ("MPI reduce-scatter and allgather of one host buffer on the workers' communicator: "
+                             "CPU workers whose ranks share cores (Horovod's coordination cycle would take a core's "
+                             "share from training)")
             elif yielding:
-                allreduce = ("MPI Allreduce of one host buffer on the workers' communicator: MPICH ranks share "
-                             "cores (Horovod's cycle would pace every iteration)")
+                allreduce = ("MPI reduce-scatter and allgather of one host buffer on the workers' communicator: "
+                             "MPICH ranks share cores (Horovod's cycle would pace every iteration)")
             assert summary["compute"] == {"device": "cpu", "allreduce": allreduce}
         assert "workers on " in format_breakdown(summary)
         # MPI started with pytest, before hybrid train could decide: the summary says so, and counts the host

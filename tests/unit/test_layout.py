@@ -12,7 +12,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "hybrid"
 # lowest first: a unit may import itself and any unit before it
 ORDER = ["_ext", "counter_hash", "data", "config", "torch_files", "models", "embedding_optimizer", "lr_schedule",
-         "exported",
+         "wire_format", "exported",
          "scheduling", "runtime", "sharding", "modes",
          "training", "bench", "projection", "cli", "__main__"]
 

@@ -30,7 +30,7 @@ def test_cpu_workers_sum_by_mpi_where_every_workers_mpich_waits_yield_or_where_a
     """MPICH ranks that share cores: Horovod's coordination cycle would pace each iteration (docs/cluster.md)."""
     choice = choose_allreduce("auto", [None, None, None], nccl_built=False, cpu_backend="mpi",
                               mpich_yields=[True, True, True])
-    assert choice.by_mpi and choice.host_staged and choice.describe().startswith("MPI Allreduce of one host buffer")
+    assert choice.by_mpi and choice.host_staged and choice.describe().startswith("MPI reduce-scatter and allgather of one host buffer")
     for yields in ([True, False, True], [False] * 3, None):  # any worker that spins: all take Horovod alike
         assert not choose_allreduce("auto", [None] * 3, nccl_built=False, cpu_backend="mpi",
                                     mpich_yields=yields).by_mpi
@@ -48,7 +48,7 @@ def test_workers_without_horovod_sum_by_mpi_whatever_their_devices(identities):
     why = "Horovod is not installed (worker(s) 1)"
     choice = choose_allreduce("auto", identities, nccl_built=False, cpu_backend="mpi", without_horovod=why)
     assert choice.by_mpi and choice.host_staged
-    assert choice.describe() == f"MPI Allreduce of one host buffer on the workers' communicator: {why}"
+    assert choice.describe() == f"MPI reduce-scatter and allgather of one host buffer on the workers' communicator: {why}"
 
 
 def test_one_gpu_per_worker_with_nccl_uses_nccl():
@@ -65,6 +65,19 @@ def test_workers_sharing_a_gpu_or_a_horovod_without_nccl_fall_back_to_the_host_s
     assert choice.host_staged and why in choice.describe()
     with pytest.raises(AcceleratorError, match="train.allreduce=auto"):
         choose_allreduce("horovod", identities, nccl_built=nccl, cpu_backend="mpi")
+
+
+@pytest.mark.parametrize("identities", [[None, None], ["h1/GPU-a", "h1/GPU-b"]])
+def test_a_16_bit_wire_sums_by_mpi_in_worker_order_on_cpus_and_gpus(identities):
+    """cluster.wire_precision=bf16: only MPI's reduce-scatter and allgather give a sum defined to the bit."""
+    for wanted in ("auto", "host", "mpi"):
+        choice = choose_allreduce(wanted, identities, nccl_built=True, cpu_backend="mpi", sixteen_bit_wire=True)
+        assert choice.by_mpi and choice.host_staged and choice.sixteen_bit
+        assert "bfloat16 on the wire" in choice.describe()
+    with pytest.raises(AcceleratorError, match="train.allreduce=horovod cannot send the MLP gradients in 16 bits"):
+        choose_allreduce("horovod", identities, nccl_built=True, cpu_backend="mpi", sixteen_bit_wire=True)
+    alone = choose_allreduce("auto", identities[:1], nccl_built=True, cpu_backend="mpi", sixteen_bit_wire=True)
+    assert not alone.summed
 
 
 def test_bad_settings_are_refused_naming_the_key():
