@@ -16,6 +16,9 @@ cache and the store:
   iteration see the versions (and rows) its start had (docs/design.md
   section 11, ordering rule 1).
 - A version read that differs from the state's is a bug, and stops the run.
+- With a 16-bit wire (docs/design.md section 14) a push adds the rounded
+  delta at the PS, and the pushing worker's copy takes the rounded delta
+  too, in place of its own: its copy goes on from what the PS received.
 
 With ``scheduler.staleness=0`` this is BSP. Its workers hold updates the PS
 has not seen, so it refuses checkpoints and mid-run evaluations.
@@ -38,10 +41,6 @@ class Het(TrainingMode):
     checkpoints = False
     rowwise_optimizers = False
     store_versions = True
-    sixteen_bit_wire = False
-    _no_sixteen_bit_wire = ("a worker's cached copy goes on from its own full-precision updates while the PS adds "
-                            "their rounded deltas, so the two drift apart by the rounding; no rounding of HET's "
-                            "pushes is defined yet")
 
     def __init__(self, context: WorkerContext):
         super().__init__(context)
@@ -79,8 +78,14 @@ class Het(TrainingMode):
         self.cache[work.slots] += deltas
         self.pending[work.slots] += deltas
         rows, slots = work.rows[share.push], work.slots[share.push]
+        pushed = self.pending[slots]
+        wire = self.table.wire
+        if wire.sixteen_bit:
+            sent = wire.round(pushed)
+            self.cache[slots] += sent - pushed
+            pushed = sent
         evicted_rows, evicted_deltas, evicted_counts = self._evicted
-        handles = [self.table.accumulate(rows, self.pending[slots]),
+        handles = [self.table.accumulate(rows, pushed),
                    self.table.add_versions(rows, share.push_counts),
                    self.table.accumulate(evicted_rows, evicted_deltas),
                    self.table.add_versions(evicted_rows, evicted_counts)]
@@ -89,9 +94,13 @@ class Het(TrainingMode):
         return handles
 
     def flush(self) -> None:
-        """Push the unpushed updates of every row this worker caches (the end of training) and wait for them."""
+        """Push the unpushed updates of every row this worker caches (the end of training) and wait for them.
+
+        At full precision whatever the wire: training has ended, and the PS gets every update as it is.
+        """
         workers, rows, slots, counts = self.scheduler.state.flush_pending()
         mine = workers == self.roles.worker
         rows, slots, counts = rows[mine], slots[mine], counts[mine]
-        self.table.complete(self.table.accumulate(rows, self.pending[slots]), self.table.add_versions(rows, counts))
+        self.table.complete(self.table.accumulate(rows, self.pending[slots], exact=True),
+                            self.table.add_versions(rows, counts))
         self.pending[slots] = 0

@@ -26,6 +26,7 @@ from hybrid.embedding_optimizer import state_columns, updated
 from hybrid.lr_schedule import RateSchedule, set_rate
 from hybrid.models import build_model, dense_optimizer
 from hybrid.runtime.embedding_init import initial_rows
+from hybrid.scheduling.policy import Sync
 from hybrid.wire_format import Wire
 
 
@@ -92,18 +93,12 @@ def worker_plans(config: Config, store: BatchStore, iterations: int) -> list[lis
 def train_wire_reference(config: Config, store: BatchStore, iterations: int):
     """Final (embedding table, model) of a BSP mode with a 16-bit wire, after ``iterations`` global batches.
 
-    One process keeps each row's latest value ``V`` and where it is: at
-    the PS (``V`` the master) or dirty in one worker's cache. Per iteration
-    (q: the wire's rounding, docs/design.md section 14):
-
-    - rows written back or sent peer to peer leave a cache: ``V = q(V)``;
-    - a worker trains a row from ``V`` when it holds it dirty, else from ``q(V)`` (a pull's);
-    - the MLP's gradient is ``q(sum of q(g_w))``, added in worker order;
-    - a row one worker trains: ``V = F - lr g`` in its cache; written at once
-      (full-set synchronization) also ``V = q(V)``, else dirty;
-    - a row several train: ``V += q(-lr g_w)`` per trainer, at the PS;
-    - plan pushes: ``V = q(V)``.
-    The final flush is exact (``V`` as it is). SGD embeddings only.
+    The run's training, each worker's forward and backward apart, with the
+    roundings of docs/design.md section 14 (``q``) where the mode's
+    schedule puts them, from every worker's plans: the MLP's gradient is
+    ``q(q(g_0) + q(g_1) + ...)``, added in worker order, and the rows follow
+    :class:`_LatestRows` (vanilla, laia, plan, herald) or :class:`_HetCopies`
+    (HET at staleness 0). SGD embeddings only.
     """
     if config.train.embedding_optimizer is not EmbeddingOptimizer.sgd:
         raise ValueError("the wire reference trains SGD embeddings only")
@@ -111,10 +106,12 @@ def train_wire_reference(config: Config, store: BatchStore, iterations: int):
     dtype = np.dtype(config.model.precision.value)
     torch_dtype = getattr(torch, config.model.precision.value)
     dim = config.model.embedding_dim
-    offsets = store.table_offsets
     n_rows = int(store.cardinalities.sum())
-    values = initial_rows(config.seed, np.arange(n_rows), dim, dtype)
-    dirty = np.full(n_rows, -1, dtype=np.int64)  # the worker holding a row dirty, or -1
+    initial = initial_rows(config.seed, np.arange(n_rows), dim, dtype)
+    het = modes.get(config.scheduler.mode).schedule.sync is Sync.het_clocks
+    if het and config.scheduler.staleness:
+        raise ValueError("the wire reference defines HET at scheduler.staleness=0 only (BSP)")
+    rows_of = _HetCopies(initial, config.cluster.workers, wire) if het else _LatestRows(initial, wire)
     model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed)
     optimizer = dense_optimizer(config, model.parameters())
     parameters = list(model.parameters())
@@ -122,19 +119,11 @@ def train_wire_reference(config: Config, store: BatchStore, iterations: int):
     batches = store.batches(config.global_batch, shuffle=config.data.shuffle, seed=config.data.shuffle_seed,
                             stop_batch=iterations)
     for step, (batch, plans) in enumerate(zip(batches, worker_plans(config, store, iterations))):
-        lr = rates.embedding(step)
         set_rate(optimizer, rates.dense(step))
-        for work in plans:  # rows leaving a cache before the iteration trains
-            for rows in (work.writeback.rows, work.p2p_out.rows):
-                values[rows] = wire.round(values[rows])
-                dirty[rows] = -1
-        row_gradients, dense_gradients = [], []
+        rows_of.before(plans)
+        trained, row_gradients, dense_gradients = [], [], []
         for w, work in enumerate(plans):
-            held = dirty[work.rows]
-            if np.any((held >= 0) & (held != w)):
-                raise AssertionError(f"step {step}: worker {w} trains a row another worker holds dirty")
-            trained = np.where((held == w)[:, None], values[work.rows], wire.round(values[work.rows]))
-            leaf = torch.tensor(trained, requires_grad=True)
+            leaf = torch.tensor(rows_of.trained_from(w, work), requires_grad=True)
             index = torch.from_numpy(work.index.astype(np.int64))
             embedded = leaf.index_select(0, index.view(-1)).view(*index.shape, dim)
             logits = model(torch.from_numpy(batch.dense[work.samples]).to(torch_dtype), embedded)
@@ -143,24 +132,92 @@ def train_wire_reference(config: Config, store: BatchStore, iterations: int):
             optimizer.zero_grad()
             loss.backward()
             dense_gradients.append([torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in parameters])
-            row_gradients.append((trained, leaf.grad.numpy()))
+            trained.append(leaf.detach().numpy())
+            row_gradients.append(leaf.grad.numpy())
         for i, p in enumerate(parameters):
             p.grad = _rounded_sum([g[i] for g in dense_gradients], wire)
         optimizer.step()
-        for w, (work, (trained, gradients)) in enumerate(zip(plans, row_gradients)):
+        rows_of.after(plans, trained, row_gradients, rates.embedding(step))
+    return rows_of.values, model
+
+
+class _LatestRows:
+    """Each row's latest value ``V`` and where it is: at the PS (``V`` the master) or dirty in one worker's cache.
+
+    - rows written back or sent peer to peer leave a cache: ``V = q(V)``;
+    - a worker trains a row from ``V`` when it holds it dirty, else from ``q(V)`` (a pull's);
+    - a row one worker trains: ``V = F - lr g`` in its cache; written at once
+      (full-set synchronization) also ``V = q(V)``, else dirty;
+    - a row several train: ``V += q(-lr g_w)`` per trainer, at the PS, in worker order;
+    - plan pushes: ``V = q(V)``. The final flush is exact (``V`` as it is).
+    """
+
+    def __init__(self, initial: np.ndarray, wire: Wire):
+        self.values, self.wire = initial, wire
+        self.dirty = np.full(len(initial), -1, dtype=np.int64)  # the worker holding a row dirty, or -1
+
+    def before(self, plans: list) -> None:
+        for work in plans:  # rows leaving a cache before the iteration trains
+            for rows in (work.writeback.rows, work.p2p_out.rows):
+                self._leave(rows)
+
+    def trained_from(self, w: int, work) -> np.ndarray:
+        held = self.dirty[work.rows]
+        if np.any((held >= 0) & (held != w)):
+            raise AssertionError(f"worker {w} trains a row another worker holds dirty")
+        return np.where((held == w)[:, None], self.values[work.rows], self.wire.round(self.values[work.rows]))
+
+    def after(self, plans: list, trained: list, gradients: list, lr: float) -> None:
+        for w, (work, rows_trained, g) in enumerate(zip(plans, trained, gradients)):
             for positions, stays_dirty in ((work.local, True), (work.full_set, False)):
                 rows = work.rows[positions]
-                values[rows] = trained[positions] - lr * gradients[positions]
-                if not stays_dirty:
-                    values[rows] = wire.round(values[rows])
-                dirty[rows] = w if stays_dirty else -1
-        for work, (_, gradients) in zip(plans, row_gradients):  # shared rows, in worker order
-            rows = work.rows[work.accumulate]
-            values[rows] += wire.round(-lr * gradients[work.accumulate])
+                self.values[rows] = rows_trained[positions] - lr * g[positions]
+                if stays_dirty:
+                    self.dirty[rows] = w
+                else:
+                    self._leave(rows)
+        for work, g in zip(plans, gradients):  # shared rows, in worker order
+            self.values[work.rows[work.accumulate]] += self.wire.round(-lr * g[work.accumulate])
         for work in plans:
-            values[work.plan_push.rows] = wire.round(values[work.plan_push.rows])
-            dirty[work.plan_push.rows] = -1
-    return values, model
+            self._leave(work.plan_push.rows)
+
+    def _leave(self, rows: np.ndarray) -> None:
+        """``rows`` leave a cache: what every copy holds from now on is the rounded row."""
+        self.values[rows] = self.wire.round(self.values[rows])
+        self.dirty[rows] = -1
+
+
+class _HetCopies:
+    """HET at staleness 0: the PS's master rows, and each worker's own copy of the rows it caches.
+
+    - a row fetched (pulled, or read ahead) is ``q(M)``;
+    - a worker trains from its copy; each trainer's ``q(-lr g_w)`` is added to
+      the master, in worker order, and to that worker's copy (every update is
+      pushed at staleness 0, so no delta waits unpushed).
+    """
+
+    def __init__(self, initial: np.ndarray, workers: int, wire: Wire):
+        self.values, self.wire = initial, wire
+        self.copies = np.full((workers, *initial.shape), np.nan, dtype=initial.dtype)
+
+    def before(self, plans: list) -> None:
+        for w, work in enumerate(plans):
+            for rows in (work.pull.rows, work.prefetch.rows):
+                self.copies[w, rows] = self.wire.round(self.values[rows])
+
+    def trained_from(self, w: int, work) -> np.ndarray:
+        rows = self.copies[w, work.rows]
+        if np.isnan(rows).any():
+            raise AssertionError(f"worker {w} trains a row it neither caches nor fetches")
+        return rows
+
+    def after(self, plans: list, trained: list, gradients: list, lr: float) -> None:
+        for w, (work, rows_trained, g) in enumerate(zip(plans, trained, gradients)):
+            if len(work.stale.push) != len(work.rows):
+                raise AssertionError(f"worker {w} keeps updates unpushed: not staleness 0")
+            sent = self.wire.round(-lr * g)
+            self.copies[w, work.rows] = rows_trained + sent
+            self.values[work.rows] += sent
 
 
 def _rounded_sum(gradients: list, wire: Wire) -> torch.Tensor:

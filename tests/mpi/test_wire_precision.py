@@ -1,10 +1,10 @@
 """A 16-bit wire (``cluster.wire_precision=bf16``) trains the model its rounding reference defines (docs/design.md
 section 14), across ranks, on both transports.
 
-Each BSP mode that supports the wire, float64, a cache small enough that it evicts: the final embedding table and
-MLP must equal ``train_wire_reference`` (the same roundings at the same points, taken from every worker's plans)
-within 1e-9, and differ from the fp32 reference by far more, so the roundings are really there. 4 ranks run every
-case (3 workers + 1 PS, 2 + 2); 3 and 5 ranks run the cases marked ``shape``.
+Each mode that supports the wire (HET at staleness 0), float64, a cache small enough that it evicts: the final
+embedding table and MLP must equal ``train_wire_reference`` (the same roundings at the same points, taken from every
+worker's plans) within 1e-9, and differ from the fp32 reference by far more (over 1e-6), so the roundings are really
+there. Every case runs on 3, 4 and 5 ranks (``shape``): 1 to 4 workers, 1 and 2 PS ranks.
 """
 import numpy as np
 import pytest
@@ -40,8 +40,8 @@ def _config(store_path, n_ps: int, *overrides):
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", [pytest.param(c, marks=pytest.mark.shape) if c in ("herald", "vanilla") else c
-                                  for c in CASES])
+@pytest.mark.shape
+@pytest.mark.parametrize("mode", CASES)
 @pytest.mark.parametrize("transport", ["rma", "packed"])
 @pytest.mark.parametrize("n_ps", [1, 2])
 def test_bf16_wire_equals_its_rounding_reference(store_path, mode, transport, n_ps):
@@ -52,7 +52,7 @@ def test_bf16_wire_equals_its_rounding_reference(store_path, mode, transport, n_
         expected = train_wire_reference(config, store, ITERATIONS)
         distributed_run.assert_equals_reference(run, config, store, ITERATIONS, expected=expected)
         unrounded, _ = distributed_run.reference(config, store, ITERATIONS)
-        assert np.abs(run.table - unrounded).max() > 1e-4, "the wire must round what it carries"
+        assert np.abs(run.table - unrounded).max() > 1e-6, "the wire must round what it carries"
         if mode.startswith(("herald", "plan")):
             assert sum(r["counts"]["writeback"] for r in run.log) > 0, "the cache must evict dirty rows"
 

@@ -75,7 +75,7 @@ def test_fp16_and_what_has_no_defined_rounding_are_refused_by_name():
     with pytest.raises(ConfigError, match="train.embedding_optimizer=rowwise_adagrad"):
         load_config(None, ["cluster.wire_precision=bf16", "train.embedding_optimizer=rowwise_adagrad"])
     refusing = [mode for mode in MODES.values() if not mode.sixteen_bit_wire]
-    assert {m.name.value for m in refusing} == {"het", "fae"}
+    assert {m.name.value for m in refusing} == {"fae"}
     for mode in refusing:
         config = load_config(None, ["cluster.wire_precision=bf16", f"scheduler.mode={mode.name.value}"])
         with pytest.raises(SchedulerError, match=f"wire_precision=bf16 is not supported with "

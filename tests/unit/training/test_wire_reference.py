@@ -26,7 +26,7 @@ def _config(store, wire: str, *overrides):
                               f"cluster.wire_precision={wire}", *overrides])
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "herald"])
+@pytest.mark.parametrize("mode", ["vanilla", "herald", "het"])
 def test_without_rounding_the_per_worker_reference_is_the_plain_one(store, mode):
     """The per-worker forward passes, gradient sums and row bookkeeping change nothing but summation order."""
     config = _config(store, "fp32", f"scheduler.mode={mode}")
