@@ -17,7 +17,7 @@ list, never from one below (``tests/unit/test_layout.py`` checks it):
 - ``hybrid.runtime``: what moves bytes between ranks: roles and collectives,
   the PS store and its transports, shard plans, checkpoint files, signals.
 - ``hybrid.sharding``: planners that place tables on PS ranks (NeuroShard).
-- ``hybrid.modes``: vanilla, herald, het and fae, each one module: its
+- ``hybrid.modes``: the modes, each one module, and their registry: a mode's
   scheduling choices and what it does at each stage of the training loop.
 - ``hybrid.training``: the training loop, the job around it, the simulator,
   the single-process reference and the summary.

@@ -28,15 +28,39 @@ class ConfigError(ValueError):
     """A config value is missing, unknown, of the wrong type or out of range."""
 
 
-class Mode(str, enum.Enum):
-    """Scheduling/synchronization mode (docs/design.md section 7)."""
+class Mode(str):
+    """A mode's name, the value of ``scheduler.mode`` (docs/design.md section 7, docs/modes.md).
 
-    vanilla = "vanilla"
-    laia = "laia"
-    plan = "plan"
-    herald = "herald"
-    het = "het"
-    fae = "fae"
+    The modes are the classes ``hybrid.modes`` registers, not a list kept
+    here: a new mode is one module that registers itself. The config sits
+    below the modes, so a name is checked when its mode is looked up
+    (``hybrid.modes.get``, at start-up), and only its spelling here. Each
+    name has one instance (``Mode("fae") is Mode.fae``); the built-in ones
+    are attributes so code can name them.
+    """
+
+    _names: dict = {}
+
+    def __new__(cls, name: str) -> "Mode":
+        name = str(name)
+        known = cls._names.get(name)
+        if known is None:
+            if not name.isidentifier():
+                raise ValueError(f"a mode's name is a Python identifier, got {name!r}")
+            known = cls._names[name] = super().__new__(cls, name)
+        return known
+
+    def __getnewargs__(self):
+        return (str(self),)
+
+    @property
+    def value(self) -> str:
+        """The name as plain text (what an enum's ``value`` gave, where a mode is printed)."""
+        return str(self)
+
+
+for _builtin in ("vanilla", "laia", "plan", "herald", "het", "fae"):
+    setattr(Mode, _builtin, Mode(_builtin))
 
 
 class ModelName(str, enum.Enum):
@@ -210,7 +234,7 @@ class CacheConfig:
 
 @dataclass
 class SchedulerConfig:
-    mode: Mode = Mode.herald
+    mode: str = "herald"  # a registered mode's name (hybrid.modes.MODES); a Mode once loaded
     laia: LaiaVariant = LaiaVariant.exact
     order: LaiaOrder = LaiaOrder.arrival  # exact and adaptive LAIA: arrival (the paper's) or confident first
     scoring: LaiaScoring = LaiaScoring.fresh  # exact and adaptive LAIA: fresh rows (the paper's) or added cost
@@ -223,6 +247,10 @@ class SchedulerConfig:
     warmup_iterations: int = 10
     score_tables: int = 0  # adaptive LAIA: tables to score (0 = from budget_ms, or all)
     budget_ms: float = 0.0  # adaptive LAIA: scoring budget per batch (0 = unlimited)
+
+    def __post_init__(self):
+        if isinstance(self.mode, str) and self.mode.isidentifier():  # else validate() names the key
+            self.mode = Mode(self.mode)
 
 
 @dataclass
@@ -450,6 +478,8 @@ def validate(config: Config) -> None:
     _check(0.0 <= c.data.validation_fraction < 1.0 - c.data.test_fraction, "data.validation_fraction",
            f"must be >= 0 and leave samples to train on beside data.test_fraction={c.data.test_fraction}, "
            f"got {c.data.validation_fraction}")
+    _check(isinstance(c.scheduler.mode, Mode), "scheduler.mode",
+           f"a mode's name (docs/modes.md), got {c.scheduler.mode!r}")
     _check(c.scheduler.chunks >= 1, "scheduler.chunks", f"must be >= 1, got {c.scheduler.chunks}")
     _check(c.scheduler.threads >= 0, "scheduler.threads",
            f"must be >= 0 (0 = the rank's compute threads), got {c.scheduler.threads}")

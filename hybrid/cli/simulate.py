@@ -34,17 +34,17 @@ def cmd_simulate(args) -> int:
 
 def _cases(args, overrides: list[str]) -> dict:
     """label -> (mode, the case's config) for each ``MODE[+KEY=VALUE...]`` of ``--modes``."""
+    from hybrid import modes
     from hybrid.bench import case_overrides
-    from hybrid.config import Mode
 
     cases = {}
     for label in args.modes.split(","):
         try:
             mode_override, *extra = case_overrides(label)
-            mode = Mode(mode_override.split("=", 1)[1])
+            mode = modes.get(mode_override.split("=", 1)[1]).name
         except ValueError:
             raise ConfigError(f"--modes {args.modes!r}: expected MODE[+KEY=VALUE...], MODE one of "
-                              f"{', '.join(m.value for m in Mode)}") from None
+                              f"{', '.join(modes.MODES)}") from None
         cases[label] = (mode, load_config(args.config, overrides + extra))
     return cases
 

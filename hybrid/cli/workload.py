@@ -18,7 +18,10 @@ from hybrid.config import load_config
 
 def cmd_config(args) -> int:
     """The config after defaults and overrides, with its digest; with ``--layout``, what a launcher needs."""
+    from hybrid import modes
+
     config = load_config(args.config, args.overrides)
+    modes.get(config.scheduler.mode)  # the registry knows the modes; the config only their spelling
     if args.layout:  # for launch scripts: eval "$(hybrid config CONFIG --layout)"
         print(f"HYBRID_WORKERS={config.cluster.workers} HYBRID_PS={config.cluster.ps} "
               f"HYBRID_RANKS={config.cluster.workers + config.cluster.ps} "

@@ -78,6 +78,12 @@ class TrainingMode(abc.ABC):
     rowwise_optimizers: ClassVar[bool] = True  # trains embeddings with train.embedding_optimizer=rowwise_adagrad
     # its transfers round as docs/design.md section 14 defines (cluster.wire_precision=bf16); else refused
     sixteen_bit_wire: ClassVar[bool] = True
+    # its batches and schedule follow the store alone, so hybrid simulate and the single-process reference repeat
+    # them (FAE's strips follow the held-out loss training measures)
+    reference_order: ClassVar[bool] = True
+    # settings (each a case's "+"-joined overrides) that give this mode another schedule of the same model: every
+    # test and benchmark that runs each mode runs these too (herald's P2P sync)
+    variants: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------------- scheduling side
     @classmethod

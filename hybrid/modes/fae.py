@@ -103,6 +103,7 @@ class Fae(Vanilla):
     checkpoints = False
     rowwise_optimizers = False
     sixteen_bit_wire = False
+    reference_order = False
     _no_sixteen_bit_wire = ("its hot rows' gradient allreduce and the replica's synchronization at strip switches "
                             "have no 16-bit rounding defined yet")
 

@@ -28,6 +28,7 @@ class Herald(Vanilla):
 
     name = Mode.herald
     schedule = SchedulePolicy(Allocation.laia, Sync.on_demand)
+    variants = ("scheduler.sync=p2p",)
 
     def __init__(self, context: WorkerContext):
         super().__init__(context)
@@ -69,3 +70,4 @@ class Plan(Herald):
 
     name = Mode.plan
     schedule = SchedulePolicy(Allocation.balanced, Sync.on_demand)
+    variants = ()

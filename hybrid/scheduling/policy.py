@@ -69,6 +69,16 @@ class SchedulePolicy:
         if config.scheduler.swap_rounds < 0:
             raise SchedulerError(f"scheduler.swap_rounds must be >= 0, got {config.scheduler.swap_rounds}")
 
+    def label_settings(self, config: Config) -> list[str]:
+        """This allocation's settings that differ from the paper's, as a run's label names them (``cost``)."""
+        if self.allocation is not Allocation.laia:
+            return []
+        sched = config.scheduler
+        return [name for name, used in (
+            (sched.laia.value, sched.laia is not LaiaVariant.exact), ("cost", sched.scoring is LaiaScoring.cost),
+            ("confident", sched.order is LaiaOrder.confident), (f"swap{sched.swap_rounds}", sched.swap_rounds > 0),
+            ("lookahead", sched.lookahead)) if used]
+
     def cluster_state(self, config: Config, *, n_rows: int, capacity: int, max_pairs: int,
                       worker: int | None) -> ClusterState:
         """The cluster state that steps this synchronization (``worker``: the runtime's own)."""

@@ -11,7 +11,7 @@ worker's distinct rows, its samples, its events; never the cache or a table.
 
 Stages of iteration ``t`` (each a ``torch.profiler.record_function`` range,
 and the time breakdown of the summary). The loop knows only these; the
-mode (``hybrid.modes``: vanilla, herald, het, fae) is called at fixed points
+mode (one of ``hybrid.modes.MODES``) is called at fixed points
 of them and the loop has no branch per mode:
 
 - ``pull``: ``mode.begin`` (FAE: the replica's synchronization the plan asks

@@ -97,8 +97,8 @@ def train_wire_reference(config: Config, store: BatchStore, iterations: int):
     roundings of docs/design.md section 14 (``q``) where the mode's
     schedule puts them, from every worker's plans: the MLP's gradient is
     ``q(q(g_0) + q(g_1) + ...)``, added in worker order, and the rows follow
-    :class:`_LatestRows` (vanilla, laia, plan, herald) or :class:`_HetCopies`
-    (HET at staleness 0). SGD embeddings only.
+    :class:`_LatestRows` (caches whose dirty rows another worker reads through
+    the PS or from peers) or :class:`_HetCopies` (HET's clocks, at staleness 0). SGD embeddings only.
     """
     if config.train.embedding_optimizer is not EmbeddingOptimizer.sgd:
         raise ValueError("the wire reference trains SGD embeddings only")

@@ -13,11 +13,14 @@ import torch
 from mpi4py import MPI
 
 import distributed_run
+from hybrid import modes
 from hybrid.bench import case_overrides
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
 from hybrid.runtime.shard_plan import Columns, ShardPlan
+from hybrid.scheduling.policy import Sync
 from hybrid.sharding.planners import make_plan
+from mode_cases import mode_cases
 from shared_store import shared_store
 
 ITERATIONS = 25
@@ -39,14 +42,15 @@ SHAPE_MODELS = [pytest.param(m, marks=pytest.mark.shape) if m in ("dlrm", "ncf")
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["vanilla", "laia", "plan", "herald", "het"])
+@pytest.mark.parametrize("mode", mode_cases())
 @pytest.mark.parametrize("model", SHAPE_MODELS)
 @pytest.mark.parametrize("n_ps", [1, 2])
 def test_bsp_modes_equal_the_single_process_reference(store_path, mode, model, n_ps):
+    """Every registered mode the reference repeats, and each of its variants (tests/mpi/mode_cases.py)."""
     world = MPI.COMM_WORLD
     config = load_config(None, [f"data.path={store_path}", f"cluster.workers={world.size - n_ps}",
                                 f"cluster.ps={n_ps}", "train.batch_per_worker=8", "cache.ratio=0.008",
-                                f"scheduler.mode={mode}", f"model.name={model}", "model.precision=float64",
+                                *case_overrides(mode), f"model.name={model}", "model.precision=float64",
                                 "model.embedding_dim=4", "model.bottom_mlp=[8]", "model.top_mlp=[8]",
                                 "train.embedding_lr=0.1", "train.dense_lr=0.05", "seed=11"])
     store = BatchStore(store_path)
@@ -54,7 +58,7 @@ def test_bsp_modes_equal_the_single_process_reference(store_path, mode, model, n
     if world.rank == 0:
         distributed_run.assert_equals_reference(run, config, store, ITERATIONS)
         assert len(run.log) == ITERATIONS
-        if mode in ("plan", "herald"):
+        if modes.get(config.scheduler.mode).schedule.sync is Sync.on_demand:  # dirty rows stay in caches
             evictions = sum(r["counts"]["writeback"] for r in run.log)
             assert evictions > 0, "the cache must evict dirty rows for this test to mean anything"
 

@@ -9,14 +9,18 @@ import pytest
 import torch
 from mpi4py import MPI
 
+from hybrid import modes
 from hybrid._ext import mpi_yield
+from hybrid.bench import case_overrides
 from hybrid.config import Mode, load_config
 from hybrid.data.store import BatchStore, StoreError, _fingerprint
 from hybrid.runtime.comm import AgreementError, split_roles
+from hybrid.scheduling.policy import Sync
 from hybrid.training import job as train_job
 from hybrid.training.loop import HybridTrainer
 from hybrid.training.simulator import simulate_mode
 from hybrid.training.summary_text import format_breakdown, format_summary
+from mode_cases import mode_cases
 from shared_store import shared_store
 
 pytestmark = pytest.mark.family  # MPI semantics themselves: launch/test.sh runs these under MPICH too
@@ -52,16 +56,16 @@ def _train_and_total(config, store, kinds: tuple, iterations: int = 40):
 @pytest.mark.shape
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode,sync,staleness", [("vanilla", "ps", 0), ("herald", "ps", 0), ("herald", "p2p", 0),
-                                                 ("het", "ps", 0), ("het", "ps", 3)])
+@pytest.mark.parametrize("case", mode_cases() + ["het+scheduler.staleness=3+cache.ratio=0.015"])
 @pytest.mark.parametrize("transport,device", [
     ("rma", "cpu"), ("packed", "cpu"),
     pytest.param("rma", "cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
         not torch.cuda.is_available(), reason="GPU workers need a CUDA device (none here)")])])
-def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, sync, staleness, transport, device):
-    config = _config(store_path, f"scheduler.mode={mode}", f"scheduler.sync={sync}", f"cluster.transport={transport}",
-                     f"scheduler.staleness={staleness}", *(["cache.ratio=0.015"] if staleness else []),
-                     f"train.device={device}")
+def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, case, transport, device):
+    """Every registered mode the simulator repeats and its variants (tests/mpi/mode_cases.py), and HET keeping
+    updates in its caches (staleness 3)."""
+    config = _config(store_path, *case_overrides(case), f"cluster.transport={transport}", f"train.device={device}")
+    mode, sync, staleness = config.scheduler.mode, config.scheduler.sync.value, config.scheduler.staleness
     store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
     workers, totals = _train_and_total(config, store, ("pull", "put", "accumulate", "p2p", "version_read"))
     assert len(workers) == config.cluster.workers and all(d == workers[0] for d in workers)
@@ -73,7 +77,7 @@ def test_plans_agree_and_measured_rows_equal_the_simulation(store_path, mode, sy
     assert totals[4] == simulated.version_checks
     if sync == "p2p" and config.cluster.workers > 1:
         assert simulated.p2p > 0, "no row went worker to worker: the test would mean nothing"
-    if mode == "het":
+    if modes.get(mode).schedule.sync is Sync.het_clocks:
         assert simulated.version_checks > 0
         if staleness:
             assert simulated.by_kind["delta_writeback"] > 0 and simulated.by_kind["local"] > 0, \
@@ -110,15 +114,14 @@ def test_a_config_mismatch_stops_every_rank_with_one_message(store_path):
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode,overrides", [
-    ("vanilla", ()), ("laia", ()), ("plan", ()), ("herald", ("scheduler.sync=ps",)),
-    ("herald", ("scheduler.sync=p2p",)), ("het", ("scheduler.staleness=0",)),
-    ("het", ("scheduler.staleness=100", "cache.ratio=0.015"))], ids=lambda v: "-".join(v) if isinstance(v, tuple) else v)
-def test_the_training_summary_reports_the_simulators_figures(store_path, mode, overrides):
+@pytest.mark.parametrize("case", mode_cases() + ["het+scheduler.staleness=100+cache.ratio=0.015"])
+def test_the_training_summary_reports_the_simulators_figures(store_path, case):
     """One definition per figure (hybrid/training/figures.py): hit rate, transmissions by kind, the busiest
-    worker's rows, version checks, after the warm-up as simulate counts them (FAE: tests/mpi/test_fae.py)."""
-    config = _config(store_path, f"scheduler.mode={mode}", "scheduler.warmup_iterations=5", "train.iterations=30",
-                     *overrides)
+    worker's rows, version checks, after the warm-up as simulate counts them, for every registered mode the
+    simulator repeats (FAE: tests/mpi/test_fae.py)."""
+    overrides = case_overrides(case)
+    config = _config(store_path, *overrides, "scheduler.warmup_iterations=5", "train.iterations=30")
+    mode = config.scheduler.mode
     summary = train_job.run(config, progress=False)
     if MPI.COMM_WORLD.rank != 0:
         return

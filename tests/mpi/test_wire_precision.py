@@ -15,12 +15,13 @@ from hybrid import modes
 from hybrid.bench import case_overrides
 from hybrid.config import load_config
 from hybrid.data.store import BatchStore
+from hybrid.scheduling.policy import Sync
 from hybrid.training.reference import train_wire_reference
+from mode_cases import mode_cases
 from shared_store import shared_store
 
 ITERATIONS = 25
-# every mode whose transfers round as section 14 defines, and herald's peer-to-peer sync
-CASES = [m.name.value for m in modes.MODES.values() if m.sixteen_bit_wire] + ["herald+scheduler.sync=p2p"]
+CASES = mode_cases(sixteen_bit_wire=True)  # every mode whose transfers round as section 14 defines, and its variants
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_bf16_wire_equals_its_rounding_reference(store_path, mode, transport, n_
         distributed_run.assert_equals_reference(run, config, store, ITERATIONS, expected=expected)
         unrounded, _ = distributed_run.reference(config, store, ITERATIONS)
         assert np.abs(run.table - unrounded).max() > 1e-6, "the wire must round what it carries"
-        if mode.startswith(("herald", "plan")):
+        if modes.get(config.scheduler.mode).schedule.sync is Sync.on_demand:  # dirty rows stay in caches
             assert sum(r["counts"]["writeback"] for r in run.log) > 0, "the cache must evict dirty rows"
 
 

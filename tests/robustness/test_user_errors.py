@@ -125,6 +125,8 @@ CONFIGS = {
     "cache ratio 0": (("config", SMOKE, "cache.ratio=0"), "cache.ratio: must be in (0, 1], got 0.0"),
     "cache ratio 1.5": (("config", SMOKE, "cache.ratio=1.5"), "cache.ratio: must be in (0, 1], got 1.5"),
     "unknown model": (("config", SMOKE, "model.name=bert"), "Invalid value 'bert', expected one of"),
+    "unknown mode": (("config", SMOKE, "scheduler.mode=fast"),
+                     "scheduler.mode=fast is not a mode; the modes are vanilla, laia, plan, herald, het, fae"),
     "embedding_dim 0": (("config", SMOKE, "model.embedding_dim=0"), "model.embedding_dim: must be >= 1, got 0"),
     "no such config": (("config", "configs/nothing.yaml"), "config file configs/nothing.yaml does not exist"),
     "override without =": (("config", SMOKE, "train.embedding_lr"), "is not of the form key=value"),

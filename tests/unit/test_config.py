@@ -74,7 +74,7 @@ def test_digest_depends_on_values():
 @pytest.mark.parametrize("override, names", [
     ("cluster.workerz=3", ["cluster.workerz", "workers"]),
     ("cluster.workers=abc", ["cluster.workers", "abc"]),
-    ("scheduler.mode=fast", ["scheduler.mode", "vanilla", "herald"]),
+    ("scheduler.mode=fa-st", ["scheduler.mode", "a mode's name"]),
     ("cache.ratio=1.5", ["cache.ratio", "(0, 1]"]),
     ("cluster.ps=0", ["cluster.ps", ">= 1"]),
     ("data.test_fraction=1", ["data.test_fraction"]),
