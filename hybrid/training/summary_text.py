@@ -24,6 +24,9 @@ def format_summary(summary: dict) -> str:
         apart += f"; {summary['version_checks']['rows']} version checks"
     if summary.get("allreduced_rows"):
         apart += f"; {summary['allreduced_rows']} rows allreduced"
+    if summary.get("wire_precision", "fp32") != "fp32":  # docs/design.md section 14
+        moved = (t["pull_bytes"] + t["push_bytes"] + t.get("p2p_bytes", 0)) / 2**20
+        apart += f"; rows and gradients in {summary['wire_precision']} on the wire ({moved:.1f} MB of rows)"
     return (f"{summary['config']} {summary.get('label', summary['mode'])}: {summary['workers']} workers + "
             f"{summary['ps']} PS, "
             f"{summary['iterations']} iterations{_epochs(summary)}, {summary['throughput']:.0f} samples/s; "
