@@ -452,7 +452,8 @@ STAGES = (
                        "MovieLens-100k from the carried RecBole wheel", stage_setup),
     Stage("train", 60, "GPU training, MovieLens-100k, 3 workers + 1 PS, vanilla and herald (MPI allreduce)",
           stage_train),
-    Stage("exactness", 75, "pytest -m cuda on 4 ranks: float64 against the reference, measured == simulated, FAE",
+    Stage("exactness", 75, "pytest -m cuda on 4 ranks: float64 against the reference, measured == simulated, FAE, "
+                           "a bf16 wire against its rounding reference",
           stage_exactness),
     Stage("e2e", 150, "hybrid bench e2e, MovieLens-100k dim 512, 8 GPU workers x batch 256 + 1 PS, 5 modes, "
                       "at 1gbit, 10gbit, unshaped (one host if namespaces fail); Horovod's build paused",

@@ -8,6 +8,7 @@ there. Every case runs on 3, 4 and 5 ranks (``shape``): 1 to 4 workers, 1 and 2 
 """
 import numpy as np
 import pytest
+import torch
 from mpi4py import MPI
 
 import distributed_run
@@ -73,3 +74,19 @@ def test_bf16_wire_under_heavy_cache_churn_keeps_every_cached_row_equal_to_the_p
         assert run.capacity == 8 * 26, "the cache holds exactly one iteration's working set"
         distributed_run.assert_equals_reference(run, config, store, 40,
                                                 expected=train_wire_reference(config, store, 40))
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(300)
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU workers need a CUDA device (none here)")
+@pytest.mark.parametrize("mode", mode_cases(sixteen_bit_wire=True))
+def test_gpu_workers_with_a_bf16_wire_equal_its_rounding_reference(store_path, mode):
+    """train.device=cuda: the leaf and the MLP on the GPU, the 16-bit sum through host memory (launch/gpu_check.sh
+    runs the cases marked cuda)."""
+    config = _config(store_path, 1, *case_overrides(mode), "train.device=cuda")
+    store = BatchStore(store_path)
+    run = distributed_run.train(config, store, ITERATIONS)
+    if MPI.COMM_WORLD.rank == 0:
+        distributed_run.assert_equals_reference(run, config, store, ITERATIONS,
+                                                expected=train_wire_reference(config, store, ITERATIONS))
