@@ -74,7 +74,7 @@ def start(channel: MPI.Comm, cache: np.ndarray, send: PeerTransfer, receive: Pee
         values = np.ascontiguousarray(cache[slots])
         if wire.sixteen_bit:
             values = wire.encode(values)
-            cache[slots] = wire.decode(values, np.empty(cache[slots].shape, dtype=cache.dtype))
+            cache[slots] = wire.decode(values, np.empty((len(slots), cache.shape[1]), dtype=cache.dtype))
         exchange.requests.append(channel.Isend(values, dest=int(peer), tag=TAG))
         exchange.keep.append(values)
     return exchange
