@@ -68,6 +68,16 @@ class Wire:
         return out
 
 
+def value_bytes(config: Config) -> int:
+    """Bytes of one value as training sends it between hosts (the packed transport, P2P, the MLP's sum)."""
+    return Wire.of(config).itemsize(config.model.precision.value)
+
+
+def row_bytes(config: Config) -> int:
+    """Bytes of one row's values as training sends them between hosts (ids and message headers not counted)."""
+    return config.row_width * value_bytes(config)
+
+
 def _flat(values: np.ndarray) -> np.ndarray:
     """A 1-D view of contiguous ``values`` (a reshaped copy would take the writes in their place)."""
     if not values.flags.c_contiguous:

@@ -10,7 +10,8 @@ from hybrid.config import ConfigError, load_config
 def cmd_simulate(args) -> int:
     """Every case of ``--modes`` simulated on the same store, then counted against vanilla when it is one of them."""
     from hybrid.data.store import BatchStore
-    from hybrid.training.simulator import simulate_mode, wire_row_bytes
+    from hybrid.training.simulator import simulate_mode
+    from hybrid.wire_format import row_bytes as wire_row_bytes
 
     overrides = list(args.overrides)
     if args.workers is not None:

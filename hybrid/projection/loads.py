@@ -39,7 +39,7 @@ from hybrid.config import Config, Mode
 from hybrid.data.store import BatchStore
 from hybrid.projection.time_model import Load
 from hybrid.runtime.shard_plan import ShardPlan
-from hybrid.wire_format import Wire
+from hybrid import wire_format
 
 KIND = {name: k for k, name in enumerate(KIND_NAMES)}
 ID_BYTES = 8  # a row id travels with the row (the packed transport's ids; the datatype's offsets)
@@ -142,7 +142,7 @@ def _fae_figures(plan, iteration: _Iteration, hot_rows: np.ndarray, config: Conf
 def row_bytes(config: Config) -> int:
     """A row on the wire: its values as they travel (optimizer state included; 2 bytes a value with a 16-bit
     ``cluster.wire_precision``) and its id."""
-    return config.row_width * Wire.of(config).itemsize(config.model.precision.value) + ID_BYTES
+    return wire_format.row_bytes(config) + ID_BYTES
 
 
 @dataclass(frozen=True)

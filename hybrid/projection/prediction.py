@@ -8,7 +8,7 @@ from hybrid.config import Config
 from hybrid.data.store import BatchStore
 from hybrid.projection.loads import loads
 from hybrid.projection.time_model import Cluster, Profile, bounding_stage, stage_ms
-from hybrid.wire_format import Wire
+from hybrid.wire_format import value_bytes
 
 
 def mlp_bytes(config: Config, store: BatchStore) -> int:
@@ -17,8 +17,7 @@ def mlp_bytes(config: Config, store: BatchStore) -> int:
     from hybrid.models import build_model
 
     model = build_model(config.model, n_dense=store.n_dense, n_tables=store.n_tables, seed=config.seed)
-    itemsize = Wire.of(config).itemsize(config.model.precision.value)
-    return sum(p.numel() for p in model.parameters()) * itemsize
+    return sum(p.numel() for p in model.parameters()) * value_bytes(config)
 
 
 def predict(config: Config, store: BatchStore, cluster: Cluster, profile: Profile, *,

@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
-from hybrid import modes
+from hybrid import modes, wire_format
 from hybrid.config import Config, flatten
 from hybrid.data.store import BatchStore, StoreError
 from hybrid.runtime import checkpoint as ckpt, run_lease
@@ -372,7 +372,7 @@ def _summarize(config: Config, trainer: HybridTrainer, log: list[dict], seconds:
         "throughput": round(samples / training, 1) if training > 0 else 0.0,
         "transmissions": {"pull_rows": pulls, "push_rows": pushes, "p2p_rows": p2p, "rows": pulls + pushes + p2p,
                           "pull_bytes": pulls * wire_bytes, "push_bytes": pushes * wire_bytes,
-                          "p2p_bytes": p2p * config.row_width * trainer.table.wire.itemsize(trainer.dtype)},
+                          "p2p_bytes": p2p * wire_format.row_bytes(config)},
         "wire_precision": config.cluster.wire_precision.value,
         "version_checks": {"rows": int(total[4]), "bytes": 8 * int(total[4])},  # HET: read, not transmissions
         # FAE's hot rows and row-wise Adagrad's shared rows, summed with Horovod: not transmissions

@@ -4,8 +4,7 @@ Runs the same scheduler and cluster state the training runtime uses over the
 store's global batches and reports the figures ``hybrid.training.figures``
 defines (transmissions by kind, hit rate, the busiest worker's rows, HET's
 version checks, allreduced rows), as ``hybrid train`` does. The first
-``scheduler.warmup_iterations`` are left out, as in the paper. Bytes are the
-rows' values as they cross hosts (:func:`wire_row_bytes`).
+``scheduler.warmup_iterations`` are left out, as in the paper.
 """
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from hybrid import modes
 from hybrid.config import Config, Mode
 from hybrid.data.store import BatchStore
 from hybrid.training.figures import Figures
-from hybrid.wire_format import Wire
 
 
 def simulate_mode(config: Config, store: BatchStore, mode: Mode, iterations: int = 0,
@@ -48,12 +46,6 @@ def simulate(config: Config, modes, iterations: int = 0, progress=None) -> dict[
     """Counts per mode on the training split of ``config.data.path``."""
     store = BatchStore.of(config.data, "train")
     return {mode: simulate_mode(config, store, mode, iterations, progress) for mode in modes}
-
-
-def wire_row_bytes(config: Config) -> int:
-    """Bytes of one row's values as training sends them between hosts (the packed transport, P2P): 2 a value
-    with a 16-bit ``cluster.wire_precision``, else the model's precision. Ids and message headers are not counted."""
-    return config.row_width * Wire.of(config).itemsize(config.model.precision.value)
 
 
 def reduction(mode: Figures, baseline: Figures) -> dict:
