@@ -11,23 +11,28 @@ The loop's stages (docs/design.md section 11) and what each one waits for:
 - ``compute``: forward, backward and the optimizer step, per sample, on
   the worker's device.
 - ``allreduce``: the MLP's gradients summed over the workers (inside a
-  host through memory; between hosts a ring's bytes, which the runtime's
-  MPI sum sends too), and the calls around it (with one worker, only those).
-- ``push``: the updates written to the PS, overlapping the next batch's
-  ``data``; the stage ends when the writes and the prefetch have arrived
-  (the loop's flush).
+  host through memory; between hosts Horovod's ring, or where the workers
+  sum patiently the runtime's MPI sum: an ``Alltoall`` then an
+  ``Allgather``), and the calls around it (with one worker, only those).
+- ``push``: each worker updates its rows, then writes them to the PS; the
+  writes overlap the next batch's ``data``, and the stage ends when they
+  and the prefetch have arrived (the loop's flush).
 - ``barrier`` and ``other``: a fixed cost per iteration (the barrier's
   latency terms grow with the ranks' log).
 - ``schedule``: CPU workers make each plan on their own cores (the
   scheduler thread shares the interpreter with the loop, docs/benchmarks.md
-  issue 54), so its time per global batch is CPU work of the iteration.
+  issue 54), so its time per global batch is CPU work of the iteration,
+  but for what it hides: the loop gives the thread its turn while it waits
+  in the allreduce, and while the sum's bytes are on the links every
+  rank waits and the cores are free.
   GPU workers make it while the device computes: it shows only as
   ``schedule_wait``, where it takes longer than the iteration.
 
 CPU workers whose ranks share cores do all their CPU work (every stage but
 the bytes on the links) slower by the share measured on the machine
 (``Profile.shares``: the floor in several processes side by side), or by
-``busy ranks / cores`` where it was not measured; and they wait in their
+``busy ranks / cores`` where it was not measured (in ``compute`` only the
+workers count, :func:`compute_share`); and they wait in their
 two collectives patiently, each step of a collective lasting about one of
 the sleeps between tests (``Profile.collectives``, measured).
 
@@ -271,12 +276,30 @@ def cpu_share(cluster: Cluster, profile: Profile) -> float:
     return profile.share_at(cluster.busy_ranks, cluster.cores_per_host)
 
 
+def compute_share(cluster: Cluster, profile: Profile) -> float:
+    """How much slower a worker computes because busy ranks share its cores: its host's workers only, which
+    compute in step. A PS rank on an emulated host serves messages in the pull and push stages and sleeps
+    between them (``hybrid.runtime.packed_transport``): measured over a whole MovieLens-100k run, vanilla,
+    3 workers + 1 PS on 2 cores, it used 0.64 s of CPU in 4.6 s, each worker 2.5-2.6 (docs/projection.md)."""
+    if cluster.cores_per_host is None:
+        return 1.0
+    return profile.share_at(min(cluster.busy_ranks, cluster.workers), cluster.cores_per_host)
+
+
 def ring_bytes(load: Load, cluster: Cluster) -> float:
     """What each worker host's NIC carries, each way, in ring allreduces between hosts (inside a host memory
     moves them: the calls' cost covers it): ``2 (h - 1) / h`` of the MLP's bytes every iteration, and of
     FAE's hot rows in its share of iterations."""
     hosts = cluster.worker_hosts
     return 2 * (hosts - 1) / hosts * (load.mlp_bytes + load.hot_allreduce_bytes) if hosts > 1 else 0.0
+
+
+def exchange_bytes(load: Load, cluster: Cluster) -> float:
+    """What each worker host's NIC carries, each way, in each of the two exchanges of the runtime's MPI sum (a
+    reduce-scatter by ``Alltoall``, then an ``Allgather``; ``hybrid.runtime.comm.MpiCollectives``): every worker
+    sends a ``1 / n`` chunk of the bytes to each of the ``n`` workers, those on its own host through memory."""
+    n, local = cluster.workers, min(cluster.workers, cluster.workers_per_host)
+    return local * (n - local) / n * (load.mlp_bytes + load.hot_allreduce_bytes)
 
 
 def barrier_rounds_ms(cluster: Cluster) -> float:
@@ -345,15 +368,20 @@ def stage_ms(load: Load, cluster: Cluster, profile: Profile) -> dict:
       write-backs, each way at once; at its end the next iteration's
       prefetch leaves the PS and travels while the worker computes.
     - ``allreduce``: its calls, and the MLP's bytes between hosts: a ring's
-      (each NIC both ways; the runtime's MPI sum, a reduce-scatter and an
-      allgather, sends the same from every worker); where the ranks share
-      cores, the patient wait as measured alone between hosts over unshaped
-      links (the probe's sleeps, its bytes at memory speed), which the
-      link's bytes replace where they take longer.
-    - ``push``: its operations, then the writes, which travel during the
-      next batch's ``data`` (they show only by what they take longer) and
-      wait for the worker host's NIC to finish the allreduce's bytes; the
+      (each NIC both ways, only its first chunk at once), or where the
+      ranks share cores the runtime's MPI sum, two exchanges each sent at
+      once (:func:`exchange_bytes`), and the patient wait as measured alone
+      between hosts over unshaped links (the probe's sleeps, its bytes at
+      memory speed), which the link's bytes replace where they take longer.
+    - ``push``: its operations and the rows' updates, then the writes,
+      which travel during the next batch's ``data`` (they show only by what
+      they take longer) and wait for the worker host's NIC to finish the
+      allreduce's bytes. The busiest worker's bytes leave after its CPU
+      work at the cores' share; the PS host's NIC, which takes every
+      worker's, starts with the first worker done (its work alone). The
       stage ends when the prefetch has arrived too (the loop's flush).
+    - ``schedule``: what of the scheduler's CPU work the sum's bytes on the
+      links do not hide.
     """
     links, iteration, clock = _Links(cluster), {}, 0.0
     for _ in range(SETTLING_ITERATIONS + 1):
@@ -366,7 +394,7 @@ def _iteration(load: Load, cluster: Cluster, profile: Profile, links: _Links, cl
     row, share = load.row_bytes, cpu_share(cluster, profile)
     hosted = partial(host_bytes, cluster=cluster)
     data = load.samples * profile.data_sample_ms * share
-    compute = (profile.compute_ms + load.samples * profile.sample_ms) * share
+    compute = (profile.compute_ms + load.samples * profile.sample_ms) * compute_share(cluster, profile)
     evaluation = load.eval_samples * profile.sample_ms * FORWARD_SHARE
     rows_pulled = load.pull_rows + load.writeback_rows + load.check_rows + load.p2p_rows + load.prefetch_rows
     pull_cpu = (load.pull_ops * profile.op_ms + rows_pulled * profile.row_ms + evaluation) * share
@@ -382,23 +410,30 @@ def _iteration(load: Load, cluster: Cluster, profile: Profile, links: _Links, cl
     clock += compute
     waits = profile.patient_collectives(cluster.workers) if cluster.patient else (0.0, 0.0)
     calls = 1 + load.hot_allreduces  # FAE's hot rows: a second sum, its calls and patient wait as the MLP's
-    hosts = cluster.worker_hosts
-    ring = ring_bytes(load, cluster)
-    summed = links.move(clock, (links.worker_out, ring), (links.worker_in, ring),
-                        round_trips=calls * (hosts - 1), burst_cap=load.mlp_bytes / hosts)
-    allreduce = calls * profile.allreduce_ms * share + max(calls * waits[0], summed - clock)
+    if cluster.patient:  # the runtime's MPI sum: two exchanges, each all at once (an emulated bucket takes it)
+        phase = exchange_bytes(load, cluster)
+        summed = clock
+        for _ in range(2):
+            summed = links.move(summed, (links.worker_out, phase), (links.worker_in, phase), round_trips=calls)
+    else:  # Horovod's ring: only its first chunk rides a bucket, the rest follows chunk by chunk
+        hosts, ring = cluster.worker_hosts, ring_bytes(load, cluster)
+        summed = links.move(clock, (links.worker_out, ring), (links.worker_in, ring),
+                            round_trips=calls * (hosts - 1), burst_cap=load.mlp_bytes / hosts)
+    on_links = max(0.0, summed - clock)  # every rank waits for the bytes: the scheduler thread's turn
+    allreduce = calls * profile.allreduce_ms * share + max(calls * waits[0], on_links)
     clock += allreduce
-    push_cpu = (load.push_ops * profile.op_ms + load.push_rows * profile.row_ms
-                + load.update_rows * profile.update_row_ms) * share
-    writes = max(links.move(clock, (links.worker_out, hosted(load.push_rows * row))),
-                 links.move(clock, (links.ps_in, load.ps_push_rows * row)))
-    push = push_cpu + max(0.0, writes - clock - data, ahead - clock - data)
+    alone = load.push_ops * profile.op_ms + load.push_rows * profile.row_ms + load.update_rows * profile.update_row_ms
+    # each worker updates its rows, then sends them: the busiest one's bytes leave after its CPU work at the cores'
+    # share, the PS host's NIC takes every worker's from the first one done on (its work alone)
+    writes = max(links.move(clock + alone * share, (links.worker_out, hosted(load.push_rows * row))),
+                 links.move(clock + alone, (links.ps_in, load.ps_push_rows * row)))
+    push = max(alone * share, writes - clock - data, ahead - clock - data)
     on_cpu = cluster.cores_per_host is not None
     schedule = profile.schedule_at(cluster.workers)
     stages = {"data": data, "pull": pull, "compute": compute, "allreduce": allreduce, "push": push,
               "barrier": profile.barrier_ms * share + waits[1] + barrier_rounds_ms(cluster),
               "other": profile.other_ms * share,
-              "schedule": schedule * share if on_cpu else 0.0}
+              "schedule": max(0.0, schedule * share - on_links) if on_cpu else 0.0}
     stages["schedule_wait"] = 0.0 if on_cpu else max(0.0, schedule - sum(stages.values()))
     return stages, clock + sum(stages[s] for s in ("push", "data", "barrier", "other", "schedule", "schedule_wait"))
 

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybrid.projection.time_model import (Cluster, Load, Profile, barrier_rounds_ms, bounding_stage, cpu_share,
-                                          iteration_ms, ring_bytes, stage_ms)
+from hybrid.projection.time_model import (Cluster, Load, Profile, barrier_rounds_ms, bounding_stage, compute_share,
+                                          cpu_share, exchange_bytes, iteration_ms, ring_bytes, stage_ms)
 
 PROFILE = Profile(op_ms=0.02, row_ms=0.0001, sample_ms=0.05, compute_ms=0.3, data_sample_ms=0.001,
                   allreduce_ms=0.1, barrier_ms=0.04, other_ms=0.2)
@@ -44,6 +44,12 @@ def test_the_measured_share_of_cores_replaces_processes_over_cores():
     assert Profile(op_ms=0, row_ms=0, sample_ms=0).share_at(6, 2) == 3.0
     emulated = Cluster(workers=3, ps=1, gbps=1.0, cores_per_host=2, one_machine=True)
     assert emulated.busy_ranks == 4  # hosts emulated on one machine: the PS serving messages shares it too
+    # ... in the pull and push stages; while the workers compute it has nothing to serve
+    assert cpu_share(emulated, measured) == pytest.approx(2.6)
+    assert compute_share(emulated, measured) == pytest.approx(1.85)
+    costs = Profile(op_ms=0, row_ms=0, sample_ms=0.1, data_sample_ms=0.1, shares=measured.shares)
+    stages = stage_ms(Load(samples=10, row_bytes=72), emulated, costs)
+    assert (stages["compute"], stages["data"]) == pytest.approx((1.0 * 1.85, 1.0 * 2.6))
     assert Cluster(workers=8, ps=2, workers_per_host=4, gbps=10.0).busy_ranks == 4
     assert cpu_share(Cluster(workers=8, ps=2, gbps=10.0), measured) == 1.0  # GPU workers
 
@@ -83,13 +89,14 @@ def test_the_ring_allreduce_moves_2_h_minus_1_over_h_of_the_bytes_between_hosts(
     assert ring_bytes(load, Cluster(workers=1, ps=1, gbps=10.0)) == 0.0
 
 
-def test_the_patient_sum_between_hosts_sends_a_ring_s_bytes_or_waits_as_measured():
-    # 3 workers, one per host, sharing 2 cores: the runtime's reduce-scatter and allgather send 2 (h - 1) / h of
-    # the MLP's bytes through each NIC both ways, as a ring does
+def test_the_patient_sum_between_hosts_sends_two_exchanges_or_waits_as_measured():
+    # 3 workers, one per host, sharing 2 cores: the runtime's reduce-scatter (Alltoall) and allgather each send
+    # (h - 1) / h of the MLP's bytes through each NIC both ways, 2 (h - 1) / h in all, as a ring does
     measured = Profile(**{**PROFILE.__dict__, "collectives": ((3, 5.0, 0.5),)})
     cluster = Cluster(workers=3, ps=1, workers_per_host=1, gbps=1.0, cores_per_host=2, one_machine=True)
     load = Load(samples=1, row_bytes=72, mlp_bytes=3e6)
-    assert cluster.patient and ring_bytes(load, cluster) == pytest.approx(4e6)
+    assert cluster.patient and exchange_bytes(load, cluster) == pytest.approx(2e6)
+    assert 2 * exchange_bytes(load, cluster) == pytest.approx(ring_bytes(load, cluster))
     share = cpu_share(cluster, measured)
     stages = stage_ms(load, cluster, measured)
     # 4 MB each way at 125 kB per ms (the emulated bucket's first 256 KiB at once): about 30 ms, which outlasts
@@ -97,6 +104,44 @@ def test_the_patient_sum_between_hosts_sends_a_ring_s_bytes_or_waits_as_measured
     assert 28.0 < stages["allreduce"] - 0.1 * share < 34.0
     small = Load(samples=1, row_bytes=72, mlp_bytes=1e5)  # about 1 ms of bytes: the probe's 5 ms stands
     assert stage_ms(small, cluster, measured)["allreduce"] == pytest.approx(0.1 * share + 5.0)
+
+
+def test_each_exchange_of_the_patient_sum_leaves_at_once_and_rides_what_is_left_of_the_bucket():
+    # 300 kB of gradients among 3 hosts: 200 kB each way per exchange; after 10 ms of compute the 256 KiB buckets
+    # are full, the Alltoall passes at once, the Allgather has 62,144 B of bucket left: 137,856 B at 125 kB per ms
+    # (Horovod's ring, whose chunks follow each other, takes 2.4 ms: test_an_emulated_link_s_bucket_...)
+    bucket = Cluster(workers=3, ps=1, gbps=1.0, burst_bytes=262_144, cores_per_host=2, one_machine=True)
+    profile = Profile(op_ms=0.0, row_ms=0.0, sample_ms=0.1 / 2)  # 10 ms of compute at a share of 2 (4 ranks)
+    load = Load(samples=100, row_bytes=72, mlp_bytes=300_000)
+    assert stage_ms(load, bucket, profile)["allreduce"] == pytest.approx((200_000 - 62_144) / 125_000)
+    # two workers a host, 8 workers: each worker sends 6 of its 8 chunks off its host, 2 x 6 / 8 of the bytes
+    assert exchange_bytes(Load(samples=1, row_bytes=72, mlp_bytes=1e6),
+                          Cluster(workers=8, ps=1, workers_per_host=2, gbps=1.0)) == pytest.approx(1.5e6)
+
+
+def test_the_scheduler_s_cpu_work_hides_while_the_sum_s_bytes_are_on_the_links():
+    # CPU workers make each plan in their allreduce's wait; while every rank waits for the links the cores are free
+    cluster = Cluster(workers=3, ps=1, workers_per_host=1, gbps=1.0, cores_per_host=2, one_machine=True)
+    profile = Profile(op_ms=0.0, row_ms=0.0, sample_ms=0.0, schedule_ms=((3, 5.0),))  # 10 ms at a share of 2
+    short = Load(samples=1, row_bytes=72, mlp_bytes=300_000)  # 200 kB per exchange: 1.6 + 1.6 ms of bytes
+    assert stage_ms(short, cluster, profile)["schedule"] == pytest.approx(10.0 - 3.2)
+    long = Load(samples=1, row_bytes=72, mlp_bytes=3e6)  # 32 ms of bytes: the plans are made meanwhile
+    assert stage_ms(long, cluster, profile)["schedule"] == 0.0
+
+
+def test_the_ps_host_takes_the_writes_from_the_first_worker_done_with_its_updates():
+    # 3 workers sharing 2 cores (4 ranks: a share of 2); each updates and packs its 100 rows in 1 ms alone, 2 ms
+    # shared. The PS host's NIC takes the 300 kB of all three from 1 ms on (2.4 ms at 1 Gbit/s): 3.4 ms; the
+    # busiest worker's own 100 kB leave at 2 ms (0.8 ms): 2.8 ms
+    cluster = Cluster(workers=3, ps=1, workers_per_host=1, gbps=1.0, cores_per_host=2, one_machine=True)
+    profile = Profile(op_ms=0.0, row_ms=0.01, sample_ms=0.0)
+    load = Load(samples=1, row_bytes=1000, push_rows=100, ps_push_rows=300)
+    assert stage_ms(load, cluster, profile)["push"] == pytest.approx(1.0 + 2.4)
+    light = Load(**{**load.__dict__, "ps_push_rows": 30})  # 30 kB at the PS: the busiest worker's bytes bound it
+    assert stage_ms(light, cluster, profile)["push"] == pytest.approx(2.0 + 0.8)
+    no_bytes = Load(**{**load.__dict__, "ps_push_rows": 0, "push_rows": 0, "update_rows": 100})
+    assert stage_ms(no_bytes, cluster, Profile(op_ms=0.0, row_ms=0.0, sample_ms=0.0, update_row_ms=0.01))["push"] \
+        == pytest.approx(2.0)  # updates in the cache only: the CPU work at the cores' share
 
 
 def test_the_barrier_pays_a_round_trip_per_doubling_of_the_workers_between_hosts():
