@@ -32,7 +32,7 @@ CPU workers whose ranks share cores do all their CPU work (every stage but
 the bytes on the links) slower by the share measured on the machine
 (``Profile.shares``: the floor in several processes side by side), or by
 ``busy ranks / cores`` where it was not measured (in ``compute`` only the
-workers count, :func:`compute_share`); and they wait in their
+workers count, ``Cluster.computing_ranks``); and they wait in their
 two collectives patiently, each step of a collective lasting about one of
 the sleeps between tests (``Profile.collectives``, measured).
 
@@ -109,6 +109,14 @@ class Cluster:
             return False
         on_host = self.workers + self.ps if self.gbps is None or self.one_machine else self.workers_per_host
         return on_host > self.cores_per_host
+
+    @property
+    def computing_ranks(self) -> int:
+        """Ranks sharing a worker's cores while it computes: its host's busy workers only, which compute in step.
+        A PS rank on an emulated host serves messages in the pull and push stages and sleeps between them
+        (``hybrid.runtime.packed_transport``): over a whole MovieLens-100k run, vanilla, 3 workers + 1 PS on 2
+        cores, it used 0.64 s of CPU in 4.6 s, each worker 2.5-2.6 (docs/projection.md, "Sixth run")."""
+        return min(self.busy_ranks, self.workers)
 
     @property
     def busy_ranks(self) -> int:
@@ -269,21 +277,12 @@ def host_bytes(worker_bytes: float, cluster: Cluster) -> float:
     return worker_bytes * min(cluster.workers, cluster.workers_per_host)
 
 
-def cpu_share(cluster: Cluster, profile: Profile) -> float:
-    """How much slower a worker's CPU work runs because busy ranks share its cores (1 for GPU workers)."""
+def cpu_share(cluster: Cluster, profile: Profile, ranks: Optional[int] = None) -> float:
+    """How much slower a worker's CPU work runs because busy ranks (``ranks``, default ``Cluster.busy_ranks``)
+    share its cores (1 for GPU workers)."""
     if cluster.cores_per_host is None:
         return 1.0
-    return profile.share_at(cluster.busy_ranks, cluster.cores_per_host)
-
-
-def compute_share(cluster: Cluster, profile: Profile) -> float:
-    """How much slower a worker computes because busy ranks share its cores: its host's workers only, which
-    compute in step. A PS rank on an emulated host serves messages in the pull and push stages and sleeps
-    between them (``hybrid.runtime.packed_transport``): measured over a whole MovieLens-100k run, vanilla,
-    3 workers + 1 PS on 2 cores, it used 0.64 s of CPU in 4.6 s, each worker 2.5-2.6 (docs/projection.md)."""
-    if cluster.cores_per_host is None:
-        return 1.0
-    return profile.share_at(min(cluster.busy_ranks, cluster.workers), cluster.cores_per_host)
+    return profile.share_at(cluster.busy_ranks if ranks is None else ranks, cluster.cores_per_host)
 
 
 def ring_bytes(load: Load, cluster: Cluster) -> float:
@@ -394,7 +393,7 @@ def _iteration(load: Load, cluster: Cluster, profile: Profile, links: _Links, cl
     row, share = load.row_bytes, cpu_share(cluster, profile)
     hosted = partial(host_bytes, cluster=cluster)
     data = load.samples * profile.data_sample_ms * share
-    compute = (profile.compute_ms + load.samples * profile.sample_ms) * compute_share(cluster, profile)
+    compute = (profile.compute_ms + load.samples * profile.sample_ms) * cpu_share(cluster, profile, cluster.computing_ranks)
     evaluation = load.eval_samples * profile.sample_ms * FORWARD_SHARE
     rows_pulled = load.pull_rows + load.writeback_rows + load.check_rows + load.p2p_rows + load.prefetch_rows
     pull_cpu = (load.pull_ops * profile.op_ms + rows_pulled * profile.row_ms + evaluation) * share

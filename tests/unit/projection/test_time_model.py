@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybrid.projection.time_model import (Cluster, Load, Profile, barrier_rounds_ms, bounding_stage, compute_share,
-                                          cpu_share, exchange_bytes, iteration_ms, ring_bytes, stage_ms)
+from hybrid.projection.time_model import (Cluster, Load, Profile, barrier_rounds_ms, bounding_stage, cpu_share,
+                                          exchange_bytes, iteration_ms, ring_bytes, stage_ms)
 
 PROFILE = Profile(op_ms=0.02, row_ms=0.0001, sample_ms=0.05, compute_ms=0.3, data_sample_ms=0.001,
                   allreduce_ms=0.1, barrier_ms=0.04, other_ms=0.2)
@@ -46,7 +46,7 @@ def test_the_measured_share_of_cores_replaces_processes_over_cores():
     assert emulated.busy_ranks == 4  # hosts emulated on one machine: the PS serving messages shares it too
     # ... in the pull and push stages; while the workers compute it has nothing to serve
     assert cpu_share(emulated, measured) == pytest.approx(2.6)
-    assert compute_share(emulated, measured) == pytest.approx(1.85)
+    assert emulated.computing_ranks == 3 and cpu_share(emulated, measured, emulated.computing_ranks) == pytest.approx(1.85)
     costs = Profile(op_ms=0, row_ms=0, sample_ms=0.1, data_sample_ms=0.1, shares=measured.shares)
     stages = stage_ms(Load(samples=10, row_bytes=72), emulated, costs)
     assert (stages["compute"], stages["data"]) == pytest.approx((1.0 * 1.85, 1.0 * 2.6))
