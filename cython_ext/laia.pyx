@@ -21,7 +21,8 @@ import numpy as np
 from cython.parallel cimport parallel, prange, threadid
 from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport abort, calloc, free, malloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
+from atomics cimport fetch_add_i32, fetch_or_u64
 from counter_hash cimport hash3
 
 
@@ -336,6 +337,37 @@ cdef inline int64_t probe(int64_t[::1] keys, int64_t mask, int64_t key) noexcept
     return h
 
 
+cdef struct Delta:
+    # a block's own placements this round, over the records (place_blocks): per row it touched, its new
+    # misses and trainer bits. Open addressing, at most half full. An entry (stride words) is KEY = round << 32
+    # | the batch's row index, MISS, then the bits; it is this round's if its key says so, so that a new round
+    # starts without clearing the table.
+    uint64_t* entries
+    int64_t stride, mask, round
+    int64_t* slots       # the entries costs() found for the sample being placed, one per row: block_move's
+
+
+cdef enum:
+    KEY = 0
+    MISS = 1
+    BITS = 2
+
+
+cdef inline bint delta_taken(const Delta* delta, int64_t h) noexcept nogil:
+    return (<int64_t>delta.entries[h * delta.stride + KEY] >> 32) == delta.round
+
+
+cdef inline bint delta_has(const Delta* delta, int64_t h, int64_t u) noexcept nogil:
+    return <int64_t>delta.entries[h * delta.stride + KEY] == ((delta.round << 32) | u)
+
+
+cdef inline int64_t delta_slot(const Delta* delta, int64_t h, int64_t u) noexcept nogil:
+    """Row ``u``'s entry in ``delta`` this round, or the free one where it would go, probing from entry ``h``."""
+    while delta_taken(delta, h) and not delta_has(delta, h, u):
+        h = (h + 1) & delta.mask
+    return h
+
+
 cdef enum:
     OWNER = 1            # int32 fields at the head of a row record (see BatchCosts; 0 and 3 unused)
     N_MISS = 2
@@ -357,8 +389,10 @@ cdef class CostScratch:
     cdef int64_t[::1] distinct
     cdef object record_memory
     cdef uint64_t* records                   # 64-byte aligned
+    cdef dict block_memory                   # place_blocks' arrays by name
 
     def __init__(self):
+        self.block_memory = {}
         self.keys = np.full(16, -1, dtype=np.int64)
         self.last_distinct = 0
         self.ids = np.zeros(1, dtype=np.int32)
@@ -368,6 +402,15 @@ cdef class CostScratch:
         self.local = np.zeros(1, dtype=np.int32)
         self.distinct = np.zeros(1, dtype=np.int64)
         self.record_memory = None
+
+    cdef object kept(self, str name, tuple shape, dtype, fill):
+        """:func:`place_blocks`' array ``name``: the last call's if it is at least this shape (its rows then
+        longer than asked), else a new one of ``fill``."""
+        array = self.block_memory.get(name)
+        if array is None or array.dtype != dtype or array.ndim != len(shape) or \
+                any(have < want for have, want in zip(array.shape, shape)):
+            array = self.block_memory[name] = np.full(shape, fill, dtype=dtype)
+        return array
 
     cdef void reserve(self, int64_t samples, int64_t entries, int parts, int64_t size, int64_t stride):
         """Room for a batch of ``samples`` x tables = ``entries`` in ``parts``: 1 + ``parts`` tables of
@@ -767,7 +810,7 @@ cdef class BatchCosts:
             prefetch(&self.ids[base + k])
         prefetch(&self.ids[base + self.n_tables - 1])
 
-    cdef int64_t costs(self, int64_t i, int64_t next_i, uint64_t* saving) noexcept nogil:
+    cdef int64_t costs(self, int64_t i, int64_t next_i, uint64_t* saving, const Delta* delta=NULL) noexcept nogil:
         """What placing sample ``i`` adds on worker ``w``: ``total`` (returned) less ``D[w]``, the reads
         ``w`` saves because it holds or already trains some of ``i``'s rows.
 
@@ -776,11 +819,13 @@ cdef class BatchCosts:
         Each row adds its saving to all its workers at once (a ripple-carry
         add of one word), whatever their number, and the cheapest workers
         are then found by a few word operations (:func:`cheapest`).
-        ``next_i``: the sample placed after ``i`` (its records are prefetched; -1: none).
+        ``next_i``: the sample placed after ``i`` (its records are prefetched; -1: none). ``delta``: a
+        block's own placements this round (:func:`place_blocks`), seen on top of the records; NULL: none.
         """
-        cdef int64_t total = 0, base, k, u, word
+        cdef int64_t total = 0, base, k, u, word, d = -1
         cdef uint64_t fresh, trained
         cdef int32_t* f
+        cdef int32_t n_miss
         for k in range(self.n_slices * self.words):
             saving[k] = 0
         if next_i >= 0:  # overlap the next sample's record misses
@@ -789,10 +834,18 @@ cdef class BatchCosts:
         for k in range(self.live[i]):  # the rows that are not common
             u = self.ids[i * self.n_tables + k]
             f = self.fields(u)
-            base = 1 + self.full_set + (1 if f[OWNER] >= 0 and f[N_MISS] == 0 else 0)
+            n_miss = f[N_MISS]
+            if delta != NULL:
+                d = delta_slot(delta, fib_slot(u, delta.mask), u)
+                delta.slots[k] = d
+                if delta_has(delta, d, u):
+                    n_miss = n_miss + <int32_t>delta.entries[d * delta.stride + MISS]
+                else:
+                    d = -1
+            base = 1 + self.full_set + (1 if f[OWNER] >= 0 and n_miss == 0 else 0)
             total += base
             for word in range(self.words):
-                trained = self.trains(u)[word]
+                trained = self.trains(u)[word] | (delta.entries[d * delta.stride + BITS + word] if d >= 0 else 0)
                 fresh = self.fresh(u)[word] & (~(<uint64_t>1) if word == 0 else ~(<uint64_t>0))  # not the PS
                 if self.full_set:  # a trainer saves its pull and push, a fresh holder its pull
                     self.add_saving(saving, word, trained, base)
@@ -852,6 +905,52 @@ cdef class BatchCosts:
                 if not (self.fresh(u)[word] & bit):
                     self.fields(u)[N_MISS] += sign
 
+    cdef void block_move(self, int64_t i, int64_t w, Delta* delta) noexcept nogil:
+        """Place sample ``i`` on worker ``w`` in a block's ``delta`` only (:func:`place_blocks`): the records,
+        which the other blocks read meanwhile, stay as the round found them. Right after :meth:`costs` of
+        ``i``, whose entries it starts from: a free one there is still the first free one on its row's
+        probe path unless this sample's earlier rows took it."""
+        cdef int64_t k, u, d
+        cdef int64_t word = (w + 1) >> 6
+        cdef uint64_t bit = (<uint64_t>1) << ((w + 1) & 63)
+        cdef uint64_t* entry
+        for k in range(self.live[i]):
+            u = self.ids[i * self.n_tables + k]
+            d = delta.slots[k]
+            if delta_taken(delta, d) and not delta_has(delta, d, u):
+                d = delta_slot(delta, d, u)
+            entry = &delta.entries[d * delta.stride]
+            if not delta_has(delta, d, u):
+                memset(entry, 0, delta.stride * sizeof(uint64_t))
+                entry[KEY] = <uint64_t>((delta.round << 32) | u)
+            if not ((self.trains(u)[word] | entry[BITS + word]) & bit):
+                entry[BITS + word] |= bit
+                if not (self.fresh(u)[word] & bit):
+                    entry[MISS] += 1
+
+    cdef void merge_move(self, int64_t i, int64_t w, bint shared) noexcept nogil:
+        """Sample ``i`` kept on worker ``w`` at a round's end, into the records (:func:`place_blocks`).
+
+        Threads merge different samples at once: with ``shared``, a row's
+        trainer word is or-ed atomically and the or's old value says whether
+        ``w`` is a new trainer, so the records end the same in any order.
+        """
+        cdef int64_t k, u
+        cdef int64_t word = (w + 1) >> 6
+        cdef uint64_t bit = (<uint64_t>1) << ((w + 1) & 63), old
+        for k in range(self.live[i]):
+            u = self.ids[i * self.n_tables + k]
+            if shared:
+                old = fetch_or_u64(&self.trains(u)[word], bit)
+            else:
+                old = self.trains(u)[word]
+                self.trains(u)[word] = old | bit
+            if not (old & bit) and not (self.fresh(u)[word] & bit):
+                if shared:
+                    fetch_add_i32(&self.fields(u)[N_MISS], 1)
+                else:
+                    self.fields(u)[N_MISS] += 1
+
     cdef bint can_move(self) noexcept nogil:
         """Whether a swap (two samples, both ways) still fits the (row, worker) table below 3/4 full.
 
@@ -900,7 +999,8 @@ cdef class BatchCosts:
 def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, const int64_t[:, ::1] rows,
                   const int32_t[::1] tables, const int64_t[::1] capacity, uint64_t seed, uint64_t iteration,
                   order=None, bint confident=False, bint full_set=False, int swap_rounds=0, int threads=1,
-                  CostScratch scratch=None, BatchCosts board=None, BatchCosts beside=None):
+                  CostScratch scratch=None, BatchCosts board=None, BatchCosts beside=None, int blocks=1,
+                  int block_size=32):
     """Each sample to the worker where it adds the fewest transmissions, given the samples placed before it.
 
     The cost of placing a sample on worker ``w`` sums over its rows (in
@@ -932,9 +1032,18 @@ def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, cons
     finds its distinct rows while another places this batch (the placement
     is serial; the next batch's rows do not depend on it), so that the
     next call only binds it to the holders (docs/design.md section 3, "Threads").
+
+    ``blocks`` above 1 places the samples in rounds of that many concurrent
+    blocks of ``block_size`` samples each (:func:`place_blocks`), on
+    ``threads``: the result depends on the two, never on the threads. It
+    cannot be refined by swaps (their pair counts follow one placement after another).
     """
     cdef Py_ssize_t n_samples = rows.shape[0], k
     check_scoring(words, n_workers, rows.shape[1], tables)
+    if blocks < 1 or block_size < 1:
+        raise ValueError(f"blocks ({blocks}) and block_size ({block_size}) must be at least 1")
+    if blocks > 1 and swap_rounds:
+        raise ValueError("the swap pass follows one placement after another: it needs blocks=1")
     if confident and order is not None:
         raise ValueError("give an order or confident=True, not both")
     cdef int64_t[::1] steps = checked_order(capacity, n_samples, n_workers, order)
@@ -955,7 +1064,8 @@ def allocate_cost(*, const uint64_t[::1] holders, int words, int n_workers, cons
         steps = margin_order(board.margins(threads))
     cdef const int64_t* taken = &steps[0] if steps.shape[0] else NULL
     alloc = np.empty(n_samples, dtype=np.int32)
-    greedy(board, alloc, capacity, seed, iteration, taken, beside if threads >= 2 else None)
+    greedy(board, alloc, capacity, seed, iteration, taken, beside if threads >= 2 else None, blocks, block_size,
+           threads)
     if beside is not None and not beside.shaped:
         beside.shape(threads)
     for k in range(swap_rounds):
@@ -974,12 +1084,17 @@ def next_board(*, int words, int n_workers, const int64_t[:, ::1] rows, const in
 
 
 cdef void greedy(BatchCosts board, int32_t[::1] out, const int64_t[::1] capacity, uint64_t seed,
-                 uint64_t iteration, const int64_t* taken, BatchCosts beside=None) except *:
+                 uint64_t iteration, const int64_t* taken, BatchCosts beside=None, int blocks=1, int block_size=1,
+                 int threads=1) except *:
     """Each sample, in ``taken`` order (NULL: as they come), to its cheapest worker with room; see allocate_cost.
 
     With ``beside``, a second thread shapes that board meanwhile (in
     reserved tables; if they fill, it is left for the caller to shape).
+    With ``blocks`` above 1, :func:`place_blocks` on ``threads`` instead (``beside`` is then left to the caller).
     """
+    if blocks > 1:
+        place_blocks(board, out, capacity, seed, iteration, taken, blocks, block_size, threads)
+        return
     cdef int64_t n_workers = board.n_workers, words = board.words
     cdef int64_t[::1] remaining = np.array(capacity, dtype=np.int64)
     cdef int64_t[::1] load = np.zeros(n_workers, dtype=np.int64)
@@ -1022,6 +1137,132 @@ cdef void place(BatchCosts board, int32_t[::1] out, int64_t* remaining, int64_t*
             room[(w + 1) >> 6] &= ~((<uint64_t>1) << ((w + 1) & 63))
         load[w] += total - saved
         board.move(i, w, 1)
+
+
+cdef void place_blocks(BatchCosts board, int32_t[::1] out, const int64_t[::1] capacity, uint64_t seed,
+                       uint64_t iteration, const int64_t* taken, int blocks, int block_size, int threads) except *:
+    """The greedy placement in rounds of ``blocks`` concurrent blocks of ``block_size`` samples (docs/design.md
+    section 4, "Blocks").
+
+    A round takes the next ``blocks * block_size`` samples of the order,
+    position ``p`` going to block ``p % blocks``. Each block places its
+    samples greedily against the records as the round found them plus its
+    own placements (its :class:`Delta`), with the capacity and load the round
+    found less and plus its own. At the round's end, each worker keeps the
+    placements the capacity left it in position order; the others start the
+    next round, before the order's next samples (the round's first sample is
+    always kept, so every round makes progress). The kept samples then
+    enter the records. Nothing a block reads depends on another block of its
+    round, so the result depends on ``blocks`` and ``block_size``, never on
+    ``threads``; one block is the serial placement, round by round.
+    """
+    cdef int64_t n_samples = out.shape[0], n_workers = board.n_workers, words = board.words
+    cdef int64_t per_round = <int64_t>blocks * block_size, delta_size = 16, w, p, pos = 0, n_round, n_pending = 0
+    cdef int64_t most_live = 1
+    cdef int b
+    for p in range(n_samples):
+        most_live = max(most_live, board.live[p])
+    while delta_size < 2 * block_size * most_live:  # a block's rows in a round, at most half its table
+        delta_size <<= 1
+    cdef CostScratch kept = board.scratch
+    cdef int64_t[::1] remaining = np.array(capacity, dtype=np.int64)
+    cdef int64_t[::1] load = np.zeros(n_workers, dtype=np.int64)
+    cdef uint64_t[::1] room = np.zeros(words, dtype=np.uint64)
+    # a block's working memory is the thread's that places it (a thread places its blocks one after another)
+    cdef int lanes = max(1, min(threads, blocks)), t
+    cdef int64_t[:, ::1] block_remaining = kept.kept("remaining", (lanes, n_workers), np.int64, 0)
+    cdef int64_t[:, ::1] block_load = kept.kept("load", (lanes, n_workers), np.int64, 0)
+    cdef uint64_t[:, ::1] block_room = kept.kept("room", (lanes, words), np.uint64, 0)
+    cdef uint64_t[:, ::1] block_best = kept.kept("best", (lanes, words), np.uint64, 0)
+    cdef uint64_t[:, ::1] block_saving = kept.kept("saving", (lanes, board.n_slices * words), np.uint64, 0)
+    cdef uint64_t[:, ::1] entries = kept.kept("entries", (lanes, delta_size * (BITS + words)), np.uint64, 0)
+    cdef int64_t[:, ::1] slots = kept.kept("slots", (lanes, max(1, board.n_tables)), np.int64, 0)
+    cdef int64_t[::1] now = kept.kept("now", (per_round,), np.int64, 0)          # the round's samples, by position
+    cdef int64_t[::1] pending = kept.kept("pending", (per_round,), np.int64, 0)  # the last round's not kept
+    cdef int64_t[::1] added = kept.kept("added", (per_round,), np.int64, 0)      # what each adds to its worker's load
+    cdef int32_t[::1] choice = kept.kept("choice", (per_round,), np.int32, 0)
+    cdef int8_t[::1] taken_now = kept.kept("kept", (per_round,), np.int8, 0)
+    cdef Delta* deltas = <Delta*>malloc(lanes * sizeof(Delta))
+    if deltas == NULL:
+        raise MemoryError()
+    memset(&entries[0, 0], 0xFF, entries.shape[0] * entries.shape[1] * sizeof(uint64_t))  # round -1: all free
+    for t in range(lanes):  # (clearing the tables brings them into the caches: it is cheaper than not)
+        deltas[t].entries, deltas[t].slots, deltas[t].stride = &entries[t, 0], &slots[t, 0], BITS + words
+        deltas[t].mask, deltas[t].round = delta_size - 1, -1
+    for w in range(n_workers):
+        if remaining[w] > 0:
+            room[(w + 1) >> 6] |= (<uint64_t>1) << ((w + 1) & 63)
+    try:
+        with nogil:
+            while pos < n_samples or n_pending > 0:
+                for p in range(n_pending):
+                    now[p] = pending[p]
+                n_round = n_pending
+                while n_round < per_round and pos < n_samples:
+                    now[n_round] = taken[pos] if taken != NULL else pos
+                    n_round += 1
+                    pos += 1
+                for b in prange(blocks, num_threads=lanes, schedule="static", chunksize=1):
+                    t = threadid()
+                    place_block(board, b, blocks, &now[0], n_round, &remaining[0], &load[0], &room[0],
+                                &block_remaining[t, 0], &block_load[t, 0], &block_room[t, 0], &block_best[t, 0],
+                                &block_saving[t, 0], &deltas[t], &choice[0], &added[0], seed, iteration)
+                n_pending = 0
+                for b in range(blocks):  # each worker keeps what its capacity allows, in position order
+                    for p in range(min(n_round, b * n_round // blocks), min(n_round, (b + 1) * n_round // blocks)):
+                        w = choice[p]
+                        taken_now[p] = remaining[w] > 0
+                        if taken_now[p]:
+                            out[now[p]] = <int32_t>w
+                            remaining[w] -= 1
+                            load[w] += added[p]
+                            if remaining[w] == 0:
+                                room[(w + 1) >> 6] &= ~((<uint64_t>1) << ((w + 1) & 63))
+                        else:
+                            pending[n_pending] = now[p]
+                            n_pending += 1
+                for b in prange(blocks, num_threads=lanes, schedule="static", chunksize=1):  # placing's threads
+                    merge_block(board, b, blocks, &now[0], n_round, &taken_now[0], &choice[0], lanes > 1)
+    finally:
+        free(deltas)
+
+
+cdef void merge_block(BatchCosts board, int b, int blocks, const int64_t* now, int64_t n_round, const int8_t* kept,
+                      const int32_t* choice, bint shared) noexcept nogil:
+    """Block ``b``'s kept samples of the round into the records (:meth:`BatchCosts.merge_move`)."""
+    cdef int64_t p
+    for p in range(min(n_round, b * n_round // blocks), min(n_round, (b + 1) * n_round // blocks)):
+        if kept[p]:
+            board.merge_move(now[p], choice[p], shared)
+
+
+cdef void place_block(BatchCosts board, int b, int blocks, const int64_t* now, int64_t n_round,
+                      const int64_t* remaining, const int64_t* load, const uint64_t* room, int64_t* my_remaining,
+                      int64_t* my_load, uint64_t* my_room, uint64_t* best, uint64_t* saving, Delta* delta,
+                      int32_t* choice, int64_t* added, uint64_t seed, uint64_t iteration) noexcept nogil:
+    """Block ``b``'s samples of the round (positions ``b``, ``b + blocks``, ...): see :func:`place_blocks`."""
+    cdef int64_t n_workers = board.n_workers, words = board.words, p, i, w, total, saved
+    memcpy(my_remaining, remaining, n_workers * sizeof(int64_t))
+    memcpy(my_load, load, n_workers * sizeof(int64_t))
+    memcpy(my_room, room, words * sizeof(uint64_t))
+    delta.round += 1
+    cdef int64_t first = min(n_round, b * n_round // blocks), last = min(n_round, (b + 1) * n_round // blocks)
+    p = first
+    while p < last:
+        i = now[p]
+        if p + 2 < last:
+            board.prefetch_ids(now[p + 2])
+        total = board.costs(i, now[p + 1] if p + 1 < last else -1, saving, delta)
+        saved = cheapest(saving, board.n_slices, words, my_room, best)
+        w = least_loaded(best, words, my_load, seed, iteration, i)
+        choice[p] = <int32_t>w
+        added[p] = total - saved
+        my_remaining[w] -= 1
+        if my_remaining[w] == 0:
+            my_room[(w + 1) >> 6] &= ~((<uint64_t>1) << ((w + 1) & 63))
+        my_load[w] += total - saved
+        board.block_move(i, w, delta)
+        p += 1
 
 
 cdef int64_t cheapest(const uint64_t* saving, int64_t n_slices, int64_t words, const uint64_t* room,

@@ -240,6 +240,8 @@ class SchedulerConfig:
     scoring: LaiaScoring = LaiaScoring.fresh  # exact and adaptive LAIA: fresh rows (the paper's) or added cost
     swap_rounds: int = 0  # scoring=cost: rounds of pairwise exchanges that lower the batch's reads
     lookahead: bool = False  # scoring=cost: of both orders, keep the one that leaves the next batch cheaper too
+    blocks: int = 1  # scoring=cost: samples placed in rounds of this many concurrent blocks (1: one after another)
+    block_size: int = 32  # scoring=cost, blocks > 1: samples of a block per round
     sync: SyncMode = SyncMode.ps
     chunks: int = 8
     threads: int = 0  # the scheduler's threads (0 = the rank's compute threads: hybrid.runtime.launch_facts)
@@ -481,6 +483,8 @@ def validate(config: Config) -> None:
     _check(isinstance(c.scheduler.mode, Mode), "scheduler.mode",
            f"a mode's name (docs/modes.md), got {c.scheduler.mode!r}")
     _check(c.scheduler.chunks >= 1, "scheduler.chunks", f"must be >= 1, got {c.scheduler.chunks}")
+    _check(c.scheduler.blocks >= 1, "scheduler.blocks", f"must be >= 1, got {c.scheduler.blocks}")
+    _check(c.scheduler.block_size >= 1, "scheduler.block_size", f"must be >= 1, got {c.scheduler.block_size}")
     _check(c.scheduler.threads >= 0, "scheduler.threads",
            f"must be >= 0 (0 = the rank's compute threads), got {c.scheduler.threads}")
     _check(c.scheduler.staleness >= 0, "scheduler.staleness", f"must be >= 0, got {c.scheduler.staleness}")

@@ -423,7 +423,8 @@ def stage_cores(ctx: Context, result: dict) -> list[str]:
         scheduler = ["--workers", "8", "--threads", "1,2", "--laia", "chunked", "--iterations", "3"]
         preprocess = ["--lines", "20000", "--processes", "1,2"]
     else:
-        scheduler = ["--workers", "8,128", "--threads", f"1,4,{cores}", "--laia", "chunked,cost", "--iterations", "10"]
+        scheduler = ["--workers", "8,128", "--threads", f"1,4,{cores}", "--laia", "chunked,cost,blocks",
+                     "--iterations", "10"]
         preprocess = ["--lines", "1000000", "--processes", f"1,4,{cores}"]
     document = last_json(ctx.run([*bench, "scheduler", *scheduler, "--repeats", "1", "--json", *out]))
     result["scheduler"] = document

@@ -266,7 +266,8 @@ def register(subparsers) -> None:
                    help="scheduler, plain: compute thread counts to time (default 1,2)")
     p.add_argument("--batch-per-worker", type=_int_list, default=(128,))
     p.add_argument("--laia", default="exact,chunked,cost",
-                   help="scheduler: LAIA variants, of exact, chunked, cost (default: %(default)s)")
+                   help="scheduler: LAIA variants, of exact, chunked, cost, blocks (cost in 16 concurrent blocks "
+                        "of 32 samples) (default: %(default)s)")
     p.add_argument("--iterations", type=int, default=None,
                    help="global batches per case, warm-up included except where said: transmissions, cache-size: "
                         "all (0); scale: 100; quality: 90 after 10 warm-up; scheduler: 30 timed after 10 warm-up; "

@@ -116,16 +116,29 @@ class LaiaAllocation(AllocationPolicy):
     cost scoring, ``swap_rounds`` refines the allocation by exchanges
     (``laia.swap_pass``) and ``lookahead`` allocates the batch in both
     orders and keeps the one that leaves the next batch cheaper too.
+    ``blocks`` above 1 places cost scoring's samples in rounds of that many
+    concurrent blocks of ``block_size`` (``laia.place_blocks``), so that the
+    placement runs on the threads; the result depends on the two, never on ``threads``.
     """
 
     def __init__(self, state, seed: int, *, chunks: int | None = None, threads: int = 1, confident: bool = False,
-                 cost: bool = False, full_set: bool = False, swap_rounds: int = 0, lookahead: bool = False):
+                 cost: bool = False, full_set: bool = False, swap_rounds: int = 0, lookahead: bool = False,
+                 blocks: int = 1, block_size: int = 32):
         super().__init__(state.n_workers)
         if (confident or cost) and chunks:
             raise ValueError("the confident order and cost scoring allocate the whole batch in one sequence: "
                              "they need unchunked LAIA")
         if (swap_rounds or lookahead) and not cost:
             raise ValueError("the swap pass and the look-ahead refine cost scoring's allocation: they need cost=True")
+        if blocks < 1 or block_size < 1:
+            raise ValueError(f"scheduler.blocks ({blocks}) and scheduler.block_size ({block_size}) must be at least 1")
+        if blocks > 1 and not cost:
+            raise ValueError("scheduler.blocks places cost scoring's samples in concurrent blocks: it needs "
+                             "scheduler.scoring=cost (chunked LAIA is fresh scoring's parallel form)")
+        if blocks > 1 and swap_rounds:
+            raise ValueError("the swap pass follows one placement after another: scheduler.swap_rounds needs "
+                             "scheduler.blocks=1")
+        self.blocks, self.block_size = blocks, block_size
         self.state, self.seed, self.chunks, self.threads = state, seed, chunks, threads
         self.confident, self.cost, self.full_set, self.swap_rounds = confident, cost, full_set, swap_rounds
         self.looks_ahead = lookahead
@@ -133,8 +146,8 @@ class LaiaAllocation(AllocationPolicy):
         self._layouts: dict[int, tuple] = {}  # batch size -> (capacity, chunk starts, chunk capacities)
         self._scratch = [laia.CostScratch(), laia.CostScratch()] if cost else None  # cost scoring's memory
         # With threads to spare, the next batch's distinct rows are found beside this batch's (serial) placement:
-        # (its rows, its tables, its board), until allocate() gets that batch.
-        self._prepares = cost and threads > 1 and not lookahead
+        # (its rows, its tables, its board), until allocate() gets that batch. Blocks place on every thread.
+        self._prepares = cost and threads > 1 and not lookahead and blocks == 1
         self._prepared: tuple | None = None
 
     @property
@@ -170,14 +183,12 @@ class LaiaAllocation(AllocationPolicy):
         """Cost scoring's allocation; looking ahead, the better of both orders over this batch and the next."""
         common = dict(holders=self.state.holder_words(), words=self.state.words, n_workers=self.n_workers,
                       rows=rows, tables=tables, seed=self.seed, full_set=self.full_set)
-        alloc = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
-                                   confident=self.confident, threads=self.threads, scratch=self._scratch[0],
-                                   **common, **self._boards(rows, tables, upcoming))
+        placing = dict(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds, threads=self.threads,
+                       scratch=self._scratch[0], blocks=self.blocks, block_size=self.block_size)
+        alloc = laia.allocate_cost(confident=self.confident, **placing, **common, **self._boards(rows, tables, upcoming))
         if not self.looks_ahead or upcoming is None:
             return alloc
-        other = laia.allocate_cost(capacity=capacity, iteration=iteration, swap_rounds=self.swap_rounds,
-                                   confident=not self.confident, threads=self.threads, scratch=self._scratch[0],
-                                   **common)
+        other = laia.allocate_cost(confident=not self.confident, **placing, **common)
         if np.array_equal(alloc, other):
             return alloc
         following = capacities(len(upcoming), self.n_workers)
@@ -278,9 +289,11 @@ class AdaptiveLaiaAllocation(LaiaAllocation):
 
     def __init__(self, state, seed: int, cardinalities, *, score_tables: int = 0, budget_ms: float = 0.0,
                  profile_every: int = 10, chunks: int | None = None, threads: int = 1, confident: bool = False,
-                 cost: bool = False, full_set: bool = False, swap_rounds: int = 0, lookahead: bool = False):
+                 cost: bool = False, full_set: bool = False, swap_rounds: int = 0, lookahead: bool = False,
+                 blocks: int = 1, block_size: int = 32):
         super().__init__(state, seed, chunks=chunks, threads=threads, confident=confident, cost=cost,
-                         full_set=full_set, swap_rounds=swap_rounds, lookahead=lookahead)
+                         full_set=full_set, swap_rounds=swap_rounds, lookahead=lookahead, blocks=blocks,
+                         block_size=block_size)
         self.profiler = TableProfiler(cardinalities)
         self.n_tables = len(cardinalities)
         self.score_tables, self.budget_ms, self.profile_every = score_tables, budget_ms, profile_every

@@ -111,7 +111,8 @@ class SchedulePolicy:
         sched = config.scheduler
         choices = {"confident": sched.order is LaiaOrder.confident, "cost": sched.scoring is LaiaScoring.cost,
                    "full_set": self.sync is Sync.full_set, "threads": sched.threads,
-                   "swap_rounds": sched.swap_rounds, "lookahead": sched.lookahead}
+                   "swap_rounds": sched.swap_rounds, "lookahead": sched.lookahead, "blocks": sched.blocks,
+                   "block_size": sched.block_size}
         if policy is AdaptiveLaiaAllocation:
             return AdaptiveLaiaAllocation(state, config.seed, cardinalities, score_tables=sched.score_tables,
                                           budget_ms=sched.budget_ms, **choices)

@@ -84,6 +84,8 @@ def test_digest_depends_on_values():
     ("train.embedding_lr=inf", ["train.embedding_lr", "finite"]),
     ("train.dense_lr=nan", ["train.dense_lr", "finite"]),
     ("cluster.transport=shmem", ["cluster.transport", "packed"]),
+    ("scheduler.blocks=0", ["scheduler.blocks", ">= 1"]),
+    ("scheduler.block_size=0", ["scheduler.block_size", ">= 1"]),
 ])
 def test_bad_values_name_the_key(override, names):
     smoke = next(p for p in CONFIGS if p.stem == "w1-smoke")

@@ -361,37 +361,9 @@ def test_the_new_orders_allocate_alike_on_any_thread_count(choice):
 
 
 def _reference_cost_allocation(holders, rows, capacity, seed, iteration, order, full_set):
-    """``laia.allocate_cost`` in plain Python, as its docstring states it (COMMON = 2, ties to the least loaded)."""
-    n_workers = holders.shape[1] - 1
-    seen = {r: (rows == r).sum() for r in np.unique(rows)}
-    trains = {r: set() for r in seen}
-    missing = dict.fromkeys(seen, 0)
-    remaining = list(capacity)
-    load = [0] * n_workers  # cost placed on each worker so far: ties go to the least loaded
-    stream = (iteration * 0x100000001B3 + 0x7A1E) % 2**64
-    alloc = np.full(len(rows), -1, dtype=np.int32)
-
-    def cost(r, w):
-        if seen[r] >= 2 * n_workers or w in trains[r]:
-            return 0
-        if holders[r, w + 1]:
-            return int(full_set)
-        only_on_a_worker = holders[r].sum() == 1 and not holders[r, 0]
-        return 1 + int(full_set) + int(only_on_a_worker and missing[r] == 0)
-
-    for i in (range(len(rows)) if order is None else order):
-        costs = {w: sum(cost(r, w) for r in rows[i]) for w in range(n_workers) if remaining[w] > 0}
-        cheapest = [w for w, c in costs.items() if c == min(costs.values())]
-        tied = [w for w in cheapest if load[w] == min(load[v] for v in cheapest)]
-        w = tied[int(hash3(seed, stream, int(i))) % len(tied)]
-        load[w] += costs[w]
-        for r in rows[i]:
-            if w not in trains[r]:
-                trains[r].add(w)
-                missing[r] += not holders[r, w + 1]
-        remaining[w] -= 1
-        alloc[i] = w
-    return alloc
+    """``laia.allocate_cost`` in plain Python, as its docstring states it (COMMON = 2, ties to the least loaded):
+    one block that holds the whole batch."""
+    return _reference_blocked_allocation(holders, rows, capacity, seed, iteration, order, full_set, 1, max(1, len(rows)))
 
 
 @settings(max_examples=150, deadline=None)
@@ -406,6 +378,92 @@ def test_cost_scoring_places_each_sample_where_it_adds_the_fewest_reads(case, co
                                           order, full_set)
     assert np.array_equal(alloc, expected)
     assert np.array_equal(np.bincount(alloc, minlength=n_workers), capacities(len(rows), n_workers))
+
+
+def _reference_blocked_allocation(holders, rows, capacity, seed, iteration, order, full_set, blocks, block_size):
+    """``laia.allocate_cost(blocks=...)`` in plain Python, as ``place_blocks``' docstring states it: rounds of
+    ``blocks`` contiguous blocks, each placing against the round's start plus its own placements, each worker
+    keeping what its capacity allows in position order, the rest first in the next round."""
+    n_workers = holders.shape[1] - 1
+    seen = {r: (rows == r).sum() for r in np.unique(rows)}
+    trains = {r: set() for r in seen}
+    missing = dict.fromkeys(seen, 0)
+    remaining, load = list(capacity), [0] * n_workers
+    stream = (iteration * 0x100000001B3 + 0x7A1E) % 2**64
+    alloc = np.full(len(rows), -1, dtype=np.int32)
+    sequence, pending, pos = list(range(len(rows)) if order is None else order), [], 0
+
+    def cost(r, w, my_trains, my_missing):
+        if seen[r] >= 2 * n_workers or w in my_trains[r]:
+            return 0
+        if holders[r, w + 1]:
+            return int(full_set)
+        only_on_a_worker = holders[r].sum() == 1 and not holders[r, 0]
+        return 1 + int(full_set) + int(only_on_a_worker and my_missing[r] == 0)
+
+    def place(w, i, my_trains, my_missing):
+        for r in rows[i]:
+            if w not in my_trains[r]:
+                my_trains[r].add(w)
+                my_missing[r] += not holders[r, w + 1]
+
+    while pos < len(sequence) or pending:
+        taken = blocks * block_size - len(pending)
+        now, pending, pos = pending + sequence[pos:pos + taken], [], pos + taken
+        choice, added = {}, {}
+        for b in range(blocks):
+            my_trains, my_missing = {r: set(t) for r, t in trains.items()}, dict(missing)
+            my_remaining, my_load = list(remaining), list(load)
+            for p in range(b * len(now) // blocks, (b + 1) * len(now) // blocks):
+                i = now[p]
+                costs = {w: sum(cost(r, w, my_trains, my_missing) for r in rows[i])
+                         for w in range(n_workers) if my_remaining[w] > 0}
+                cheapest = [w for w, c in costs.items() if c == min(costs.values())]
+                tied = [w for w in cheapest if my_load[w] == min(my_load[v] for v in cheapest)]
+                w = choice[p] = tied[int(hash3(seed, stream, int(i))) % len(tied)]
+                added[p] = costs[w]
+                my_load[w] += costs[w]
+                my_remaining[w] -= 1
+                place(w, i, my_trains, my_missing)
+        for p, i in enumerate(now):
+            w = choice[p]
+            if remaining[w] > 0:
+                alloc[i], remaining[w], load[w] = w, remaining[w] - 1, load[w] + added[p]
+                place(w, i, trains, missing)
+            else:
+                pending.append(i)
+    return alloc
+
+
+@settings(max_examples=150, deadline=None)
+@given(scored_batches(), st.booleans(), st.booleans(), st.integers(2, 5), st.integers(1, 6), st.sampled_from([1, 3]))
+def test_blocked_cost_scoring_places_as_its_rounds_say_on_any_thread_count(case, confident, full_set, blocks,
+                                                                          block_size, threads):
+    """Blocks place concurrently against the round's start; the result is the reference's whatever the threads."""
+    n_workers, n_rows, seed, history, allocs, rows = case
+    state = _state_with_history(n_workers, n_rows, [h.astype(np.int64) for h in history], allocs, rows.size)
+    policy = LaiaAllocation(state, seed, cost=True, confident=confident, full_set=full_set, threads=threads,
+                            blocks=blocks, block_size=block_size)
+    alloc = policy.allocate(rows, iteration=4)
+    order = margin_order(_python_margins(state.holder_sets(), rows)) if confident else None
+    expected = _reference_blocked_allocation(state.holder_sets(), rows, capacities(len(rows), n_workers), seed, 4,
+                                             order, full_set, blocks, block_size)
+    assert np.array_equal(alloc, expected)
+    assert np.array_equal(np.bincount(alloc, minlength=n_workers), capacities(len(rows), n_workers))
+
+
+def test_blocks_need_cost_scoring_and_refuse_the_swap_pass():
+    state = ClusterState(n_workers=2, n_rows=10, capacity=10, full_set=False, max_pairs=8)
+    with pytest.raises(ValueError, match="scheduler.scoring=cost"):
+        LaiaAllocation(state, seed=0, blocks=2)
+    with pytest.raises(ValueError, match="swap_rounds needs scheduler.blocks=1"):
+        LaiaAllocation(state, seed=0, cost=True, swap_rounds=1, blocks=2)
+    with pytest.raises(ValueError, match="at least 1"):
+        LaiaAllocation(state, seed=0, cost=True, block_size=0)
+    rows, tables = np.array([[1, 2], [3, 4]], dtype=np.int64), np.arange(2, dtype=np.int32)
+    with pytest.raises(ValueError, match="blocks=1"):
+        laia.allocate_cost(holders=state.holder_words(), words=state.words, n_workers=2, rows=rows, tables=tables,
+                           capacity=capacities(2, 2), seed=0, iteration=0, swap_rounds=1, blocks=2)
 
 
 @settings(max_examples=60, deadline=None)

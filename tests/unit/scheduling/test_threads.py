@@ -22,6 +22,8 @@ SETTINGS = {
     "herald-p2p": ["scheduler.mode=herald", "scheduler.sync=p2p"],
     "herald-chunked": ["scheduler.mode=herald", "scheduler.laia=chunked"],
     "herald-cost": ["scheduler.mode=herald", "scheduler.scoring=cost", "scheduler.order=confident"],
+    "herald-cost-blocks": ["scheduler.mode=herald", "scheduler.scoring=cost", "scheduler.order=confident",
+                           "scheduler.blocks=4", "scheduler.block_size=5"],
     "herald-cost-swap": ["scheduler.mode=herald", "scheduler.scoring=cost", "scheduler.swap_rounds=2",
                          "scheduler.lookahead=true"],
     "het-0": ["scheduler.mode=het", "scheduler.staleness=0"],
@@ -73,7 +75,7 @@ def test_every_mode_schedules_alike_at_1_2_4_and_16_threads(criteo_like, name):
         _assert_same(one, _run(store, SETTINGS[name], threads, workers=6, batch=16))
 
 
-@pytest.mark.parametrize("name", ["herald-ps", "herald-p2p", "herald-cost", "het-0"])
+@pytest.mark.parametrize("name", ["herald-ps", "herald-p2p", "herald-cost", "herald-cost-blocks", "het-0"])
 def test_holder_sets_of_two_words_schedule_alike_at_1_and_3_threads(criteo_like, name):
     """70 workers: holder bits of one row span two words, and threads set bits of the same words."""
     store = BatchStore(criteo_like)
