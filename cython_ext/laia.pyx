@@ -22,7 +22,6 @@ from cython.parallel cimport parallel, prange, threadid
 from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport abort, calloc, free, malloc
 from libc.string cimport memcpy, memset
-from atomics cimport fetch_add_i32, fetch_or_u64
 from counter_hash cimport hash3
 
 
@@ -639,6 +638,7 @@ cdef class BatchCosts:
                         entry = (row << 32) | n
                         self.keys[2 * (table + h)] = entry
                         self.keys[2 * (table + h) + 1] = 0
+                        self.local[p * self.limit + n] = <int32_t>h  # where merge_parts finds it
                         n += 1
                         break
                     if (entry >> 32) == row:
@@ -650,18 +650,25 @@ cdef class BatchCosts:
 
     cdef bint merge_parts(self) noexcept nogil:
         """The parts' rows into the batch's table (0), in part order: each part's index -> the batch's
-        (``local``), uses summed (``seen``, up to ``common``), each new row's id (``distinct``). False if
-        it filled."""
+        (``local``, which :meth:`count_part` left holding each index's entry in the part's table), uses
+        summed (``seen``, up to ``common``), each new row's id (``distinct``). False if it filled.
+
+        It reads the parts' rows in the order they were found, not their
+        whole tables: with 16 parts the tables hold 16 times the batch's
+        entries, and scanning them took 1.15 ms a batch (measured).
+        """
         cdef int p
-        cdef int64_t h, g, entry, row, u, n = 0, size = self.mask + 1
+        cdef int64_t h, g, entry, row, u, x, n = 0, size = self.mask + 1, base
         for p in range(self.parts):
-            for h in range((1 + p) * size, (2 + p) * size):
-                if h + AHEAD < (2 + p) * size and self.keys[2 * (h + AHEAD)] != -1:
-                    entry = self.keys[2 * (h + AHEAD)]
+            base = (1 + p) * size
+            for x in range(self.part_rows[8 * p]):
+                if x + 2 * AHEAD < self.part_rows[8 * p]:
+                    prefetch(&self.keys[2 * (base + self.local[p * self.limit + x + 2 * AHEAD])])
+                if x + AHEAD < self.part_rows[8 * p]:
+                    entry = self.keys[2 * (base + self.local[p * self.limit + x + AHEAD])]
                     prefetch(&self.keys[2 * fib_slot(entry >> 32, self.mask)])
+                h = base + self.local[p * self.limit + x]
                 entry = self.keys[2 * h]
-                if entry == -1:
-                    continue
                 row = entry >> 32
                 g = fib_slot(row, self.mask)
                 while self.keys[2 * g] != -1 and (self.keys[2 * g] >> 32) != row:
@@ -928,28 +935,16 @@ cdef class BatchCosts:
                 if not (self.fresh(u)[word] & bit):
                     entry[MISS] += 1
 
-    cdef void merge_move(self, int64_t i, int64_t w, bint shared) noexcept nogil:
-        """Sample ``i`` kept on worker ``w`` at a round's end, into the records (:func:`place_blocks`).
-
-        Threads merge different samples at once: with ``shared``, a row's
-        trainer word is or-ed atomically and the or's old value says whether
-        ``w`` is a new trainer, so the records end the same in any order.
-        """
-        cdef int64_t k, u
+    cdef inline void merge_row(self, int64_t u, int64_t w) noexcept nogil:
+        """Row ``u`` trained on worker ``w`` by a sample kept at a round's end, into its record
+        (:func:`place_blocks`: one thread writes each row's record, so the writes are plain)."""
         cdef int64_t word = (w + 1) >> 6
-        cdef uint64_t bit = (<uint64_t>1) << ((w + 1) & 63), old
-        for k in range(self.live[i]):
-            u = self.ids[i * self.n_tables + k]
-            if shared:
-                old = fetch_or_u64(&self.trains(u)[word], bit)
-            else:
-                old = self.trains(u)[word]
-                self.trains(u)[word] = old | bit
-            if not (old & bit) and not (self.fresh(u)[word] & bit):
-                if shared:
-                    fetch_add_i32(&self.fields(u)[N_MISS], 1)
-                else:
-                    self.fields(u)[N_MISS] += 1
+        cdef uint64_t bit = (<uint64_t>1) << ((w + 1) & 63)
+        if self.trains(u)[word] & bit:
+            return
+        self.trains(u)[word] |= bit
+        if not (self.fresh(u)[word] & bit):
+            self.fields(u)[N_MISS] += 1
 
     cdef bint can_move(self) noexcept nogil:
         """Whether a swap (two samples, both ways) still fits the (row, worker) table below 3/4 full.
@@ -1139,20 +1134,25 @@ cdef void place(BatchCosts board, int32_t[::1] out, int64_t* remaining, int64_t*
         board.move(i, w, 1)
 
 
+cdef inline int64_t lines(int64_t words) noexcept nogil:
+    """``words`` 8-byte words rounded up to whole 64-byte lines, plus one line (a row may start mid-line)."""
+    return (words + 7) // 8 * 8 + 8
+
+
 cdef void place_blocks(BatchCosts board, int32_t[::1] out, const int64_t[::1] capacity, uint64_t seed,
                        uint64_t iteration, const int64_t* taken, int blocks, int block_size, int threads) except *:
     """The greedy placement in rounds of ``blocks`` concurrent blocks of ``block_size`` samples (docs/design.md
     section 4, "Blocks").
 
-    A round takes the next ``blocks * block_size`` samples of the order,
-    position ``p`` going to block ``p % blocks``. Each block places its
+    A round takes the next ``blocks * block_size`` samples of the order and
+    cuts them into ``blocks`` contiguous blocks. Each block places its
     samples greedily against the records as the round found them plus its
     own placements (its :class:`Delta`), with the capacity and load the round
     found less and plus its own. At the round's end, each worker keeps the
     placements the capacity left it in position order; the others start the
     next round, before the order's next samples (the round's first sample is
     always kept, so every round makes progress). The kept samples then
-    enter the records. Nothing a block reads depends on another block of its
+    enter the records, each thread writing its own range of rows. Nothing a block reads depends on another block of its
     round, so the result depends on ``blocks`` and ``block_size``, never on
     ``threads``; one block is the serial placement, round by round.
     """
@@ -1168,15 +1168,19 @@ cdef void place_blocks(BatchCosts board, int32_t[::1] out, const int64_t[::1] ca
     cdef int64_t[::1] remaining = np.array(capacity, dtype=np.int64)
     cdef int64_t[::1] load = np.zeros(n_workers, dtype=np.int64)
     cdef uint64_t[::1] room = np.zeros(words, dtype=np.uint64)
-    # a block's working memory is the thread's that places it (a thread places its blocks one after another)
+    # a block's working memory is the thread's that places it (a thread places its blocks one after another),
+    # each thread's row padded to whole cache lines: two threads writing one line cost 6x on two threads (measured)
     cdef int lanes = max(1, min(threads, blocks)), t
-    cdef int64_t[:, ::1] block_remaining = kept.kept("remaining", (lanes, n_workers), np.int64, 0)
-    cdef int64_t[:, ::1] block_load = kept.kept("load", (lanes, n_workers), np.int64, 0)
-    cdef uint64_t[:, ::1] block_room = kept.kept("room", (lanes, words), np.uint64, 0)
-    cdef uint64_t[:, ::1] block_best = kept.kept("best", (lanes, words), np.uint64, 0)
-    cdef uint64_t[:, ::1] block_saving = kept.kept("saving", (lanes, board.n_slices * words), np.uint64, 0)
-    cdef uint64_t[:, ::1] entries = kept.kept("entries", (lanes, delta_size * (BITS + words)), np.uint64, 0)
-    cdef int64_t[:, ::1] slots = kept.kept("slots", (lanes, max(1, board.n_tables)), np.int64, 0)
+    cdef int64_t[:, ::1] block_remaining = kept.kept("remaining", (lanes, lines(n_workers)), np.int64, 0)
+    cdef int64_t[:, ::1] block_load = kept.kept("load", (lanes, lines(n_workers)), np.int64, 0)
+    cdef uint64_t[:, ::1] block_room = kept.kept("room", (lanes, lines(words)), np.uint64, 0)
+    cdef uint64_t[:, ::1] block_best = kept.kept("best", (lanes, lines(words)), np.uint64, 0)
+    cdef uint64_t[:, ::1] block_saving = kept.kept("saving", (lanes, lines(board.n_slices * words)), np.uint64, 0)
+    cdef uint64_t[:, ::1] entries = kept.kept("entries", (lanes, lines(delta_size * (BITS + words))), np.uint64, 0)
+    cdef int64_t[:, ::1] slots = kept.kept("slots", (lanes, lines(max(1, board.n_tables))), np.int64, 0)
+    cdef int64_t[:, ::1] raw = kept.kept("raw", (lanes, lines(block_size * most_live)), np.int64, 0)
+    cdef int64_t[:, ::1] pairs = kept.kept("pairs", (blocks, lines(block_size * most_live)), np.int64, 0)
+    cdef int64_t[:, ::1] starts = kept.kept("starts", (blocks, lines(lanes + 1)), np.int64, 0)
     cdef int64_t[::1] now = kept.kept("now", (per_round,), np.int64, 0)          # the round's samples, by position
     cdef int64_t[::1] pending = kept.kept("pending", (per_round,), np.int64, 0)  # the last round's not kept
     cdef int64_t[::1] added = kept.kept("added", (per_round,), np.int64, 0)      # what each adds to its worker's load
@@ -1206,7 +1210,8 @@ cdef void place_blocks(BatchCosts board, int32_t[::1] out, const int64_t[::1] ca
                     t = threadid()
                     place_block(board, b, blocks, &now[0], n_round, &remaining[0], &load[0], &room[0],
                                 &block_remaining[t, 0], &block_load[t, 0], &block_room[t, 0], &block_best[t, 0],
-                                &block_saving[t, 0], &deltas[t], &choice[0], &added[0], seed, iteration)
+                                &block_saving[t, 0], &deltas[t], &choice[0], &added[0], seed, iteration,
+                                &raw[t, 0], &pairs[b, 0], &starts[b, 0], lanes)
                 n_pending = 0
                 for b in range(blocks):  # each worker keeps what its capacity allows, in position order
                     for p in range(min(n_round, b * n_round // blocks), min(n_round, (b + 1) * n_round // blocks)):
@@ -1221,27 +1226,45 @@ cdef void place_blocks(BatchCosts board, int32_t[::1] out, const int64_t[::1] ca
                         else:
                             pending[n_pending] = now[p]
                             n_pending += 1
-                for b in prange(blocks, num_threads=lanes, schedule="static", chunksize=1):  # placing's threads
-                    merge_block(board, b, blocks, &now[0], n_round, &taken_now[0], &choice[0], lanes > 1)
+                for t in prange(lanes, num_threads=lanes, schedule="static", chunksize=1):
+                    merge_rows(board, t, blocks, &pairs[0, 0], pairs.shape[1], &starts[0, 0], starts.shape[1],
+                               &taken_now[0], &choice[0])
     finally:
         free(deltas)
 
 
-cdef void merge_block(BatchCosts board, int b, int blocks, const int64_t* now, int64_t n_round, const int8_t* kept,
-                      const int32_t* choice, bint shared) noexcept nogil:
-    """Block ``b``'s kept samples of the round into the records (:meth:`BatchCosts.merge_move`)."""
-    cdef int64_t p
-    for p in range(min(n_round, b * n_round // blocks), min(n_round, (b + 1) * n_round // blocks)):
-        if kept[p]:
-            board.merge_move(now[p], choice[p], shared)
+cdef inline int lane_of(int64_t u, int lanes, int64_t n_distinct) noexcept nogil:
+    """The thread that writes row ``u``'s record after a round (rows in contiguous ranges)."""
+    return <int>(u * lanes // n_distinct)
+
+
+cdef void merge_rows(BatchCosts board, int t, int blocks, const int64_t* pairs, int64_t pair_stride,
+                     const int64_t* starts, int64_t start_stride, const int8_t* kept,
+                     const int32_t* choice) noexcept nogil:
+    """The round's kept (row, sample) pairs of lane ``t``'s rows, from every block, into the records."""
+    cdef int64_t q, pair
+    cdef int b
+    for b in range(blocks):
+        for q in range(starts[b * start_stride + t], starts[b * start_stride + t + 1]):
+            pair = pairs[b * pair_stride + q]
+            if kept[pair & LOW32]:
+                board.merge_row(pair >> 32, choice[pair & LOW32])
 
 
 cdef void place_block(BatchCosts board, int b, int blocks, const int64_t* now, int64_t n_round,
                       const int64_t* remaining, const int64_t* load, const uint64_t* room, int64_t* my_remaining,
                       int64_t* my_load, uint64_t* my_room, uint64_t* best, uint64_t* saving, Delta* delta,
-                      int32_t* choice, int64_t* added, uint64_t seed, uint64_t iteration) noexcept nogil:
-    """Block ``b``'s samples of the round (positions ``b``, ``b + blocks``, ...): see :func:`place_blocks`."""
-    cdef int64_t n_workers = board.n_workers, words = board.words, p, i, w, total, saved
+                      int32_t* choice, int64_t* added, uint64_t seed, uint64_t iteration, int64_t* raw,
+                      int64_t* pairs, int64_t* starts, int lanes) noexcept nogil:
+    """Block ``b``'s samples of the round (its contiguous share of the positions): see :func:`place_blocks`.
+
+    Then its (row, position) pairs, in ``pairs`` by the lane that merges
+    the row (``starts[t]`` to ``starts[t + 1]``), so that no record is
+    written by two threads: atomic writes to the records every thread has
+    just read took 4x as long on two threads as plain ones on one (measured).
+    """
+    cdef int64_t n_workers = board.n_workers, words = board.words, p, i, w, total, saved, k, n_pairs = 0
+    cdef int t
     memcpy(my_remaining, remaining, n_workers * sizeof(int64_t))
     memcpy(my_load, load, n_workers * sizeof(int64_t))
     memcpy(my_room, room, words * sizeof(uint64_t))
@@ -1262,7 +1285,23 @@ cdef void place_block(BatchCosts board, int b, int blocks, const int64_t* now, i
             my_room[(w + 1) >> 6] &= ~((<uint64_t>1) << ((w + 1) & 63))
         my_load[w] += total - saved
         board.block_move(i, w, delta)
+        for k in range(board.live[i]):
+            raw[n_pairs] = (<int64_t>board.ids[i * board.n_tables + k] << 32) | p
+            n_pairs += 1
         p += 1
+    for t in range(lanes + 1):  # a counting sort by lane: starts[t + 1] counts, then ends, then starts[t] starts
+        starts[t] = 0
+    for k in range(n_pairs):
+        starts[lane_of(raw[k] >> 32, lanes, board.n_distinct) + 1] += 1
+    for t in range(lanes):
+        starts[t + 1] += starts[t]
+    for k in range(n_pairs):
+        t = lane_of(raw[k] >> 32, lanes, board.n_distinct)
+        pairs[starts[t]] = raw[k]
+        starts[t] += 1
+    for t in range(lanes, 0, -1):
+        starts[t] = starts[t - 1]
+    starts[0] = 0
 
 
 cdef int64_t cheapest(const uint64_t* saving, int64_t n_slices, int64_t words, const uint64_t* room,
