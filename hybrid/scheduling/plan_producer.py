@@ -58,6 +58,7 @@ class PlanProducer:
                  marks: Callable[[int], tuple[bool, bool]] = lambda step: (False, False),
                  resume: Optional[dict] = None, start_step: int = 0, keeps_state: bool = True, depth: int = 2):
         self.scheduler, self.marks, self.keeps_state = scheduler, marks, keeps_state
+        scheduler.beside_a_loop = True  # its thread shares the interpreter lock with the training loop
         self._start_step = start_step  # the first plan's step without ``resume`` (a cold-started resumed run)
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._turn = threading.Event()  # the thread may make its next plan (one turn is kept if it is busy)

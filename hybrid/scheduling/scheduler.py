@@ -36,7 +36,11 @@ def let_the_loop_run() -> None:
     each wait by one step: with one worker on W1 smoke the backward pass
     took 1.11-1.14 ms beside the scheduler, 1.05-1.07 with these releases
     and 0.99 with no scheduler beside it (docs/benchmarks.md, issue 54).
-    Alone (the simulator) it costs a system call, about a microsecond.
+    ``sleep(0)`` keeps this thread off the lock long enough for the woken
+    one to take it (``os.sched_yield`` would take it back first), about 74
+    us on the 2-core machine (2026-11-30), so a scheduler with no loop
+    beside it (the simulator, the benchmarks) does not call it
+    (:attr:`Scheduler.beside_a_loop`).
     """
     time.sleep(0)
 
@@ -120,8 +124,13 @@ class Scheduler:
     # called with "train" and then "plan" right after each of those state calls, while the state's events
     # are that call's (hybrid.projection reads every worker's events there)
     observe: Optional[Callable[[str], None]] = None
+    beside_a_loop: bool = False  # a training loop shares the interpreter lock: release it between steps
     _timing: dict = field(default_factory=dict)
     _next: tuple = (0, None)  # (step, allocation) of the batch after the plan last yielded
+
+    def _let_the_loop_run(self) -> None:
+        if self.beside_a_loop:
+            let_the_loop_run()
 
     @staticmethod
     def capacity(config: Config, cardinalities, policy: SchedulePolicy) -> int:
@@ -199,7 +208,7 @@ class Scheduler:
             return None
         (samples, index, rows, slots), events, rounds, sends = trained
         plan_push = self.state.worker_events(self.state.focus)["plan_push"]
-        let_the_loop_run()
+        self._let_the_loop_run()
         pull = events["pull"]
         early = pull["early"]
         return WorkerPlan(
@@ -268,16 +277,16 @@ class Scheduler:
             per_worker = self.state.worker_transmissions()
             digest = hashlib.sha256(alloc.tobytes())
             digest.update(int(self.state.event_digest).to_bytes(8, "little"))
-            let_the_loop_run()
+            self._let_the_loop_run()
             trained = self._trained()
             timing["state_update"] = time.perf_counter() - start
             parts["update, the rest"] = timing["state_update"] - parts["train"]
-            let_the_loop_run()
+            self._let_the_loop_run()
             upcoming = stream.next()
-            let_the_loop_run()
+            self._let_the_loop_run()
             if upcoming is not None:
                 next_rows, next_alloc = self._allocate(stream, upcoming, step + 1)
-                let_the_loop_run()
+                self._let_the_loop_run()
             else:
                 next_rows = next_alloc = None
             start = time.perf_counter()
@@ -289,11 +298,11 @@ class Scheduler:
             per_worker += self.state.worker_transmissions()
             digest.update(int(self.state.event_digest).to_bytes(8, "little"))
             shared = shared_rows(rows, alloc, self.state.n_workers) if self.sums_shared_rows else None
-            let_the_loop_run()
+            self._let_the_loop_run()
             work = self._work(trained, shared)
             timing["plan"] = time.perf_counter() - start
             parts["plan, the rest"] = timing["plan"] - parts["needs"] - parts["pushes"]
-            let_the_loop_run()
+            self._let_the_loop_run()
             counts = {k: counts[k] + planned[k] for k in KIND_NAMES} | dict.fromkeys(EXTRA_KINDS, 0)
             if shared is not None:
                 counts["shared_allreduce"] = len(shared)
