@@ -37,8 +37,9 @@ def let_the_loop_run() -> None:
     took 1.11-1.14 ms beside the scheduler, 1.05-1.07 with these releases
     and 0.99 with no scheduler beside it (docs/benchmarks.md, issue 54).
     ``sleep(0)`` keeps this thread off the lock long enough for the woken
-    one to take it (``os.sched_yield`` would take it back first), about 74
-    us on the 2-core machine (2026-11-30), so a scheduler with no loop
+    one to take it: about 74 us on the 2-core machine (2026-11-30;
+    ``os.sched_yield`` returns in 0.5 us, likely before the woken thread
+    runs, and was not tried in the loop), so a scheduler with no loop
     beside it (the simulator, the benchmarks) does not call it
     (:attr:`Scheduler.beside_a_loop`).
     """
