@@ -1261,7 +1261,7 @@ cdef void place_block(BatchCosts board, int b, int blocks, const int64_t* now, i
     Then its (row, position) pairs, in ``pairs`` by the lane that merges
     the row (``starts[t]`` to ``starts[t + 1]``), so that no record is
     written by two threads: atomic writes to the records every thread has
-    just read took 4x as long on two threads as plain ones on one (measured).
+    just read took 4x the CPU time on two threads of plain ones on one (measured).
     """
     cdef int64_t n_workers = board.n_workers, words = board.words, p, i, w, total, saved, k, n_pairs = 0
     cdef int t
