@@ -79,6 +79,15 @@ class FaeScheduler:
     def snapshot_worker(self, worker: Optional[int]) -> None:
         self.cold.snapshot_worker = worker
 
+    @property
+    def beside_a_loop(self) -> bool:
+        """Whether the cold strips' scheduler releases the interpreter lock between steps (the plan producer's)."""
+        return self.cold.beside_a_loop
+
+    @beside_a_loop.setter
+    def beside_a_loop(self, beside: bool) -> None:
+        self.cold.beside_a_loop = beside
+
     def save_arrays(self) -> dict:
         raise SchedulerError("FAE runs are not checkpointed (docs/design.md section 7)")
 

@@ -11,6 +11,7 @@ from hybrid.data.store import BatchStore
 from hybrid.data.synthetic import synthesize
 from hybrid.scheduling.fae_order import LAG_BATCHES, LossFeed, FeedClosed, MiniBatches, fae_batches, strip_order
 from hybrid.scheduling.fae_plans import FaeScheduler, calibration_for
+from hybrid.scheduling.plan_producer import PlanProducer
 from hybrid.scheduling.shuffle_schedule import ShuffleSchedule
 
 
@@ -168,3 +169,14 @@ def test_the_replicas_written_to_the_ps_make_cached_copies_stale(store_path):
     assert after[calibration.hot_rows, 0].all() and not after[calibration.hot_rows, 1:].any()
     cold = np.setdiff1d(np.arange(len(holders)), calibration.hot_rows)
     assert np.array_equal(after[cold], holders[cold])
+
+
+def test_fae_s_cold_scheduler_releases_the_lock_beside_a_training_loop(store_path):
+    """The plan producer marks the scheduler it is given; FAE's wraps the one that makes the cold plans."""
+    config = _config(store_path)
+    store = BatchStore(store_path, split="train", test_fraction=config.data.test_fraction)
+    cold = modes.scheduler_for(config, cardinalities=store.cardinalities, mode=Mode.fae, worker=0)
+    scheduler = FaeScheduler(cold, np.zeros(0, dtype=np.int64))
+    assert not scheduler.beside_a_loop
+    PlanProducer(scheduler, iter([])).close()
+    assert cold.beside_a_loop and scheduler.beside_a_loop
