@@ -1116,21 +1116,16 @@ cdef void greedy(BatchCosts board, int32_t[::1] out, const int64_t[::1] capacity
 cdef void place(BatchCosts board, int32_t[::1] out, int64_t* remaining, int64_t* load, uint64_t* room,
                 uint64_t* best, uint64_t seed, uint64_t iteration, const int64_t* taken) noexcept nogil:
     """The greedy placement itself (see :func:`greedy`): one sample after another."""
-    cdef int64_t n_samples = out.shape[0], words = board.words
+    cdef int64_t n_samples = out.shape[0]
     cdef uint64_t* saving = &board.saving[0]
-    cdef int64_t i, j, w, total, saved
+    cdef int64_t i, j, w, added
     for j in range(n_samples):
         i = taken[j] if taken != NULL else j
         if j + 2 < n_samples:
             board.prefetch_ids(taken[j + 2] if taken != NULL else j + 2)
-        total = board.costs(i, -1 if j + 1 == n_samples else (taken[j + 1] if taken != NULL else j + 1), saving)
-        saved = cheapest(saving, board.n_slices, words, room, best)
-        w = least_loaded(best, words, load, seed, iteration, i)
+        w = take_cheapest(board, i, -1 if j + 1 == n_samples else (taken[j + 1] if taken != NULL else j + 1),
+                          saving, NULL, remaining, load, room, best, seed, iteration, &added)
         out[i] = <int32_t>w
-        remaining[w] -= 1
-        if remaining[w] == 0:
-            room[(w + 1) >> 6] &= ~((<uint64_t>1) << ((w + 1) & 63))
-        load[w] += total - saved
         board.move(i, w, 1)
 
 
@@ -1263,7 +1258,7 @@ cdef void place_block(BatchCosts board, int b, int blocks, const int64_t* now, i
     written by two threads: atomic writes to the records every thread has
     just read took 4x the CPU time on two threads of plain ones on one (measured).
     """
-    cdef int64_t n_workers = board.n_workers, words = board.words, p, i, w, total, saved, k, n_pairs = 0
+    cdef int64_t n_workers = board.n_workers, words = board.words, p, i, w, k, n_pairs = 0
     cdef int t
     memcpy(my_remaining, remaining, n_workers * sizeof(int64_t))
     memcpy(my_load, load, n_workers * sizeof(int64_t))
@@ -1275,15 +1270,9 @@ cdef void place_block(BatchCosts board, int b, int blocks, const int64_t* now, i
         i = now[p]
         if p + 2 < last:
             board.prefetch_ids(now[p + 2])
-        total = board.costs(i, now[p + 1] if p + 1 < last else -1, saving, delta)
-        saved = cheapest(saving, board.n_slices, words, my_room, best)
-        w = least_loaded(best, words, my_load, seed, iteration, i)
+        w = take_cheapest(board, i, now[p + 1] if p + 1 < last else -1, saving, delta, my_remaining, my_load,
+                          my_room, best, seed, iteration, &added[p])
         choice[p] = <int32_t>w
-        added[p] = total - saved
-        my_remaining[w] -= 1
-        if my_remaining[w] == 0:
-            my_room[(w + 1) >> 6] &= ~((<uint64_t>1) << ((w + 1) & 63))
-        my_load[w] += total - saved
         board.block_move(i, w, delta)
         for k in range(board.live[i]):
             raw[n_pairs] = (<int64_t>board.ids[i * board.n_tables + k] << 32) | p
@@ -1302,6 +1291,23 @@ cdef void place_block(BatchCosts board, int b, int blocks, const int64_t* now, i
     for t in range(lanes, 0, -1):
         starts[t] = starts[t - 1]
     starts[0] = 0
+
+
+cdef inline int64_t take_cheapest(BatchCosts board, int64_t i, int64_t next_i, uint64_t* saving,
+                                  const Delta* delta, int64_t* remaining, int64_t* load, uint64_t* room,
+                                  uint64_t* best, uint64_t seed, uint64_t iteration, int64_t* added) noexcept nogil:
+    """Sample ``i``'s cheapest worker with room (ties: the least loaded, then the hash), which it then takes: a
+    slot of ``remaining`` (``room`` loses the worker when none is left) and what it adds to ``load`` (also into
+    ``added``). The one step of :func:`place` and of a block's (:func:`place_block`, with its ``delta``)."""
+    cdef int64_t total = board.costs(i, next_i, saving, delta)
+    cdef int64_t saved = cheapest(saving, board.n_slices, board.words, room, best)
+    cdef int64_t w = least_loaded(best, board.words, load, seed, iteration, i)
+    remaining[w] -= 1
+    if remaining[w] == 0:
+        room[(w + 1) >> 6] &= ~((<uint64_t>1) << ((w + 1) & 63))
+    added[0] = total - saved
+    load[w] += total - saved
+    return w
 
 
 cdef int64_t cheapest(const uint64_t* saving, int64_t n_slices, int64_t words, const uint64_t* room,
