@@ -36,9 +36,9 @@ while that iteration computes. For one *focus* worker (the runtime's own)
 Threads (``threads``, docs/design.md section 3): every call runs across
 them, and its events, state and digest are those of one thread. Workers'
 needs, pulls and updates run one worker per thread, each writing its own
-cache, its own events (a region per worker) and its own holder bit of a row
-(atomically: other workers' bits share the word); rows' holders after the
-update and the plan's pushes run by row. The insert-only needs table takes
+cache, its own events (a region per worker) and, evicting a row, its own
+holder bit of it (atomically: other workers' bits share the word); rows'
+holders after the update and the plan's pushes run by row. The insert-only needs table takes
 entries by compare-and-swap, so where a row lands in it depends on timing,
 never whether it is there.
 
@@ -80,6 +80,7 @@ cdef enum:
     NEED_BLOCK = 64  # need indices a thread takes at once: threads share no counter and few cache lines
     MIN_NEED_BITS = 14  # the smallest needs table: 16384 entries
     DIGEST_SPAN = 8192  # events hashed as one task of digest_events
+    LINE = 16  # int32 per 64-byte cache line: each worker's replacement heads and fill counts start a line
 
 # Event kinds recorded by train() and plan(); the runtime executes them, the
 # simulator counts them (docs/design.md section 6).
@@ -206,11 +207,14 @@ cdef class ClusterState:
     cdef bint narrow
     cdef uint16_t[::1] lru_links16
     cdef int32_t[::1] lru_links
-    cdef int32_t[::1] lru_head               # [worker * buckets + f]: most recent slot of bucket f
+    # Per worker fields that every cache access may write, each worker's on lines of its own: threads
+    # working on neighbouring workers would otherwise pass those lines back and forth (docs/design.md section 3)
+    cdef int64_t head_stride                 # buckets rounded up to whole lines
+    cdef int32_t[::1] lru_head               # [worker * head_stride + f]: most recent slot of bucket f
     cdef int32_t[::1] lru_tail               # least recent slot of bucket f
     cdef int32_t[::1] freq                   # LFU: bucket of each slot (unused with one bucket)
-    cdef int32_t[::1] lowest                 # per worker: no non-empty bucket below this one
-    cdef int32_t[::1] used                   # slots handed out per worker
+    cdef int32_t[::1] lowest                 # [worker * LINE]: no non-empty bucket below this one
+    cdef int32_t[::1] used                   # [worker * LINE]: slots handed out
     # row -> slot per worker: open addressing over slot ids, [worker * table_size + i]; an entry holds,
     # from its low bits, the slot, its distance from its row's home (saturating at far), a tag of the row
     cdef uint32_t[::1] table
@@ -351,11 +355,12 @@ cdef class ClusterState:
         self.narrow = capacity <= NARROW_EMPTY  # slots 0 .. NARROW_EMPTY - 1
         self.lru_links16 = np.full(2 * n_workers * capacity if self.narrow else 1, NARROW_EMPTY, dtype=np.uint16)
         self.lru_links = np.full(1 if self.narrow else 2 * n_workers * capacity, EMPTY, dtype=np.int32)
-        self.lru_head = np.full(n_workers * self.buckets, EMPTY, dtype=np.int32)
-        self.lru_tail = np.full(n_workers * self.buckets, EMPTY, dtype=np.int32)
+        self.head_stride = (self.buckets + LINE - 1) // LINE * LINE
+        self.lru_head = np.full(n_workers * self.head_stride, EMPTY, dtype=np.int32)
+        self.lru_tail = np.full(n_workers * self.head_stride, EMPTY, dtype=np.int32)
         self.freq = np.zeros(n_workers * capacity if self.buckets > 1 else 1, dtype=np.int32)
-        self.lowest = np.zeros(n_workers, dtype=np.int32)
-        self.used = np.zeros(n_workers, dtype=np.int32)
+        self.lowest = np.zeros(n_workers * LINE, dtype=np.int32)
+        self.used = np.zeros(n_workers * LINE, dtype=np.int32)
         self.table_size = capacity + capacity // 2 + 1  # load <= 2/3
         self.table = np.full(n_workers * self.table_size, TABLE_EMPTY, dtype=np.uint32)
         # one bit more than the largest slot needs, so that no entry is TABLE_EMPTY; what is left of 32 bits
@@ -562,7 +567,7 @@ cdef class ClusterState:
         for i in range(self.table.shape[0]):
             self.table[i] = TABLE_EMPTY
         for w in range(self.n_workers):
-            for s in range(self.used[w]):
+            for s in range(self.used[w * LINE]):
                 if self.slot_row[w * self.capacity + s] != EMPTY:
                     self.map_insert(w, self.slot_row[w * self.capacity + s], s)
 
@@ -592,7 +597,7 @@ cdef class ClusterState:
 
     cdef inline void lru_unlink(self, int w, int32_t s) noexcept nogil:
         cdef int64_t b = w * self.capacity
-        cdef int64_t head = w * self.buckets + self.bucket_of(w, s)
+        cdef int64_t head = w * self.head_stride + self.bucket_of(w, s)
         cdef int32_t p = self.link(2 * (b + s)), n = self.link(2 * (b + s) + 1)
         if p != EMPTY:
             self.set_link(2 * (b + p) + 1, n)
@@ -606,7 +611,7 @@ cdef class ClusterState:
     cdef inline void lru_push_front(self, int w, int32_t s) noexcept nogil:
         cdef int64_t b = w * self.capacity
         cdef int32_t f = self.bucket_of(w, s)
-        cdef int64_t head = w * self.buckets + f
+        cdef int64_t head = w * self.head_stride + f
         self.set_link(2 * (b + s), EMPTY)
         self.set_link(2 * (b + s) + 1, self.lru_head[head])
         if self.lru_head[head] != EMPTY:
@@ -614,14 +619,14 @@ cdef class ClusterState:
         else:
             self.lru_tail[head] = s
         self.lru_head[head] = s
-        if f < self.lowest[w]:
-            self.lowest[w] = f
+        if f < self.lowest[w * LINE]:
+            self.lowest[w * LINE] = f
 
     cdef inline void lru_touch(self, int w, int32_t s) noexcept nogil:
         """An access: most recent in LRU; one bucket up (most recent there) in LFU."""
         cdef int64_t b = w * self.capacity
         if self.buckets == 1:
-            if self.lru_head[w] != s:
+            if self.lru_head[w * self.head_stride] != s:
                 self.lru_unlink(w, s)
                 self.lru_push_front(w, s)
             return
@@ -643,11 +648,11 @@ cdef class ClusterState:
         first); in LFU a low bucket may hold only rows inserted this iteration.
         """
         cdef int32_t f, s
-        for f in range(self.lowest[w], self.buckets):
-            s = self.lru_tail[w * self.buckets + f]
+        for f in range(self.lowest[w * LINE], self.buckets):
+            s = self.lru_tail[w * self.head_stride + f]
             if s == EMPTY:
-                if f == self.lowest[w]:
-                    self.lowest[w] = f + 1
+                if f == self.lowest[w * LINE]:
+                    self.lowest[w * LINE] = f + 1
                 continue
             if not self.needed_by(self.slot_row[w * self.capacity + s], w):
                 return s
@@ -656,9 +661,9 @@ cdef class ClusterState:
     cdef inline int32_t free_or_victim(self, int w) noexcept nogil:
         """A slot for a row ``w`` fetches: a free one, or the replacement victim's (EMPTY: none)."""
         cdef int32_t s
-        if self.used[w] < self.capacity:
-            s = self.used[w]
-            self.used[w] += 1
+        if self.used[w * LINE] < self.capacity:
+            s = self.used[w * LINE]
+            self.used[w * LINE] += 1
             return s
         return self.victim(w)
 
@@ -1144,10 +1149,12 @@ cdef class ClusterState:
         """Step 2 for worker ``w``, its events from ``n`` on; returns -1, or the offending row
         (n_rows + x: cache too small). Its event count goes to ``worker_fill[w]``, by kind to ``worker_kinds``.
 
-        Other workers' threads run at the same time. They touch other bits
-        of the same rows (atomically); a victim whose only latest copy is
-        here is needed by no other worker (it would have been pushed or
-        matched peer to peer), so writing it back touches no row they use.
+        Other workers' threads run at the same time. A pull sets no holder
+        bit (the update writes every trained row's holders); an eviction
+        clears this worker's bit (atomically: other workers evicting the
+        row clear theirs). A victim whose only latest copy is here is needed
+        by no other worker (it would have been pushed or matched peer to
+        peer), so writing it back touches no row they use.
         """
         cdef int64_t p, e, victim, start = n, cbase = w * self.capacity
         cdef int64_t first = self.worker_start[w], last = self.worker_start[w + 1]
@@ -1183,10 +1190,9 @@ cdef class ClusterState:
                         self.clear_bit(victim, w + 1)
                 self.install(w, e, s)
                 self.pair_slot[p] = s
-            if self.source(p) == EMPTY:
+            if self.source(p) == EMPTY:  # w now holds e fresh; settle_row writes e's holders after the update
                 self.record(n, K_PULL, w, e, s, EMPTY)
                 kinds[K_PULL] += 1
-                self.set_bit(e, w + 1)
             else:
                 self.record(n, K_P2P, w, e, s, EMPTY)
                 self.ev_peer[n] = self.pair_source[p]
@@ -1481,9 +1487,9 @@ cdef class ClusterState:
         if w < 0 or w >= self.n_workers:
             raise ValueError(f"worker must be in [0, {self.n_workers}), got {w}")
         base = w * self.capacity
-        rows = np.asarray(self.slot_row[base:base + self.used[w]]).astype(np.int64)
-        seen = np.asarray(self.slot_seen[base:base + self.used[w]])
-        pending = np.asarray(self.slot_pending[base:base + self.used[w]])
+        rows = np.asarray(self.slot_row[base:base + self.used[w * LINE]]).astype(np.int64)
+        seen = np.asarray(self.slot_seen[base:base + self.used[w * LINE]])
+        pending = np.asarray(self.slot_pending[base:base + self.used[w * LINE]])
         slots = np.flatnonzero((rows >= 0) & (pending == 0))
         slots = slots[np.asarray(self.version)[rows[slots]] == seen[slots]]
         return rows[slots], slots.astype(np.int32)
@@ -1635,7 +1641,7 @@ cdef class ClusterState:
         cdef int64_t s, n = 0
         cdef int32_t e
         with nogil:
-            for s in range(self.used[w]):
+            for s in range(self.used[w * LINE]):
                 e = self.slot_row[w * self.capacity + s]
                 if e != EMPTY and self.dirty_owner(e) == w:
                     n += 1
@@ -1645,7 +1651,7 @@ cdef class ClusterState:
         cdef int32_t[::1] slots = slots_array
         n = 0
         with nogil:
-            for s in range(self.used[w]):
+            for s in range(self.used[w * LINE]):
                 e = self.slot_row[w * self.capacity + s]
                 if e != EMPTY and self.dirty_owner(e) == w:
                     rows[n], slots[n] = e, <int32_t>s
@@ -1673,10 +1679,17 @@ cdef class ClusterState:
             np.asarray(self.lru_links)[:] = links
 
     def _persistent(self):
-        """Views of the arrays that outlive an iteration, by name (the replacement links: :meth:`_links`)."""
+        """Views of the arrays that outlive an iteration, by name (the replacement links: :meth:`_links`). The
+        per worker fields are [workers, fields] views past their padding: saved and hashed, they read as before."""
         return {"holders": np.asarray(self.holders), "slot_row": np.asarray(self.slot_row),
-                "lru_head": np.asarray(self.lru_head), "lru_tail": np.asarray(self.lru_tail),
-                "freq": np.asarray(self.freq), "lowest": np.asarray(self.lowest), "used": np.asarray(self.used)}
+                "lru_head": self._per_worker(self.lru_head, self.buckets),
+                "lru_tail": self._per_worker(self.lru_tail, self.buckets),
+                "freq": np.asarray(self.freq), "lowest": self._per_worker(self.lowest, 1),
+                "used": self._per_worker(self.used, 1)}
+
+    def _per_worker(self, array, int width):
+        """The first ``width`` fields of each worker's padded stretch of ``array``, as a [workers, width] view."""
+        return np.asarray(array).reshape(self.n_workers, -1)[:, :width]
 
     def _shape_scalars(self):
         return [self.n_workers, self.n_rows, self.capacity, self.buckets, self.max_pairs, self.full_set, self.p2p]
@@ -1724,7 +1737,7 @@ cdef class ClusterState:
         """
         if self.staleness >= 0:
             raise StateError("HET's clocks and unpushed updates are not checkpointed (docs/design.md section 7)")
-        arrays = {name: view.copy() for name, view in self._persistent().items()}
+        arrays = {name: np.array(view).reshape(-1) for name, view in self._persistent().items()}
         arrays["lru_prev"], arrays["lru_next"] = self._links()
         arrays["written_rows"] = self.written_rows(self.iteration)
         arrays["scalars"] = np.array([self.iteration, self.epoch, *self._shape_scalars()], dtype=np.int64)
@@ -1742,12 +1755,12 @@ cdef class ClusterState:
         links = np.empty(self.n_workers * self.capacity, dtype=np.int32)  # their saved form (_links)
         for name, view in (*mine.items(), ("lru_prev", links), ("lru_next", links)):
             saved = np.asarray(arrays[name])
-            if saved.shape != view.shape or saved.dtype != view.dtype:
+            if saved.shape != (view.size,) or saved.dtype != view.dtype:
                 raise ValueError(f"saved cluster state array {name} is {saved.shape} {saved.dtype}, "
-                                 f"expected {view.shape} {view.dtype}")
+                                 f"expected {(view.size,)} {view.dtype}")
         self._check_loaded(arrays)
         for name, view in mine.items():
-            view[:] = arrays[name]
+            view[...] = np.asarray(arrays[name]).reshape(view.shape)
         self._set_links(np.asarray(arrays["lru_prev"]), np.asarray(arrays["lru_next"]))
         with nogil:
             self.map_rebuild()
@@ -2033,7 +2046,7 @@ cdef class ClusterState:
         order = []
         cdef int32_t s, f
         for f in reversed(range(self.buckets)):
-            s = self.lru_head[w * self.buckets + f]
+            s = self.lru_head[w * self.head_stride + f]
             while s != EMPTY:
                 order.append(s)
                 s = self.link(2 * (w * self.capacity + s) + 1)
@@ -2042,8 +2055,7 @@ cdef class ClusterState:
     def digest(self):
         """Hash of the whole state (holders, caches, LRU order), to compare across ranks."""
         h = hashlib.sha256()
-        for array in (np.asarray(self.holders), np.asarray(self.slot_row), *self._links(), np.asarray(self.lru_head),
-                      np.asarray(self.used),
-                      np.asarray(self.freq)):
+        mine = self._persistent()
+        for array in (mine["holders"], mine["slot_row"], *self._links(), mine["lru_head"], mine["used"], mine["freq"]):
             h.update(array.tobytes())
         return h.hexdigest()[:16]

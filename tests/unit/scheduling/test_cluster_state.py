@@ -108,8 +108,10 @@ def test_replacement_links_of_16_and_32_bits_match_the_literal_design(capacity):
     rows = [np.arange(capacity, dtype=np.int64)[:, None]] + [rng.permutation(b)[:, None] for b in later]
     allocs = [np.zeros(len(batch), dtype=np.int32) for batch in rows]
     state = _run_both(1, n_rows, capacity, "ps", rows, allocs, "lru")
+    # slot rows, links of 16 or 32 bits (and the other width's 1-entry stub), the replacement head, tail, lowest
+    # bucket and fill count each on a 64-byte line of the worker's own, the unused LFU counts' stub
     assert state.memory_parts()["caches"] == capacity * 4 + 2 * capacity * (2 if capacity < 65_536 else 4) + \
-        (4 if capacity < 65_536 else 2) + 4 * 4 + 4
+        (4 if capacity < 65_536 else 2) + 4 * 64 + 4
 
 
 def _invariants(state, t, before, trained, planned, rows, allocs, sent):
@@ -436,15 +438,34 @@ def test_memory_parts_count_each_array_where_it_belongs():
     parts = state.memory_parts()
     assert parts["holder sets"] == 1000 * 8
     # slot rows (4 B), two LRU links (2 B each: 100 slots fit 16 bits, and a 4 B placeholder of the wide
-    # links) per slot; a head, a tail, the lowest bucket and the slots used per worker (4 B each); one
-    # frequency placeholder
-    assert parts["caches"] == 300 * 4 + 600 * 2 + 4 + 4 * 3 * 4 + 4
+    # links) per slot; a head, a tail, the lowest bucket and the slots used per worker (4 B each, each on a
+    # 64-byte line of the worker's own: threads write them); one frequency placeholder
+    assert parts["caches"] == 300 * 4 + 600 * 2 + 4 + 4 * 3 * 64 + 4
     assert parts["row-to-slot tables"] == 3 * (100 + 50 + 1) * 4  # load <= 2/3, 4-byte entries
     assert parts["HET versions"] == 8 + 8 + 4 + 1  # placeholders without HET
     het = ClusterState(n_workers=3, n_rows=1000, capacity=100, full_set=False, max_pairs=64, staleness=0)
     # a version per row, a seen version and a pending count per slot, a flag per pair
     assert het.memory_parts()["HET versions"] == 1000 * 8 + 300 * (8 + 4) + 64
     assert het.memory_parts()["events"] > parts["events"]  # HET: 4 events per pair, not 3
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_saved_replacement_fields_keep_their_packed_shape(policy):
+    # each worker's heads, tails, lowest bucket and fill count sit on lines of its own in memory; a
+    # checkpoint still holds them packed (as states saved before that layout), and restores the same order
+    rng = np.random.default_rng(5)
+    rows = [rng.integers(0, 400, (40, 2)) for _ in range(6)]
+    allocs = [rng.integers(0, 3, 40).astype(np.int32) for _ in range(6)]
+    state = _run_both(3, 400, 60, "ps", rows, allocs, policy)  # about 27 rows a worker a batch: caches fill
+    arrays = state.save_arrays()
+    buckets = 1 if policy == "lru" else 256
+    assert arrays["lru_head"].shape == arrays["lru_tail"].shape == (3 * buckets,)
+    assert arrays["used"].shape == arrays["lowest"].shape == (3,)
+    assert arrays["used"].tolist() == [60, 60, 60]  # full: the last batches evicted
+    loaded = ClusterState(n_workers=3, n_rows=400, capacity=60, full_set=False, max_pairs=80, policy=policy)
+    loaded.load_arrays(arrays)
+    assert loaded.digest() == state.digest() == state.copy().digest()
+    assert all(loaded.lru_order(w) == state.lru_order(w) for w in range(3))
 
 
 def test_need_records_follow_the_rows_a_batch_needs_not_max_pairs():
