@@ -251,6 +251,7 @@ cdef class ClusterState:
     cdef int32_t[::1] need_trainers          # workers needing each row
     cdef int32_t[::1] need_pusher            # plan(): the worker whose pair pushes each row (EMPTY: none)
     cdef readonly int accumulate_rounds      # most trainers of one shared row in the last train() (0: none)
+    cdef int64_t[::1] thread_rounds          # update(): [8t] the most that thread t's rows had (a line each)
     cdef int32_t[::1] tmp_row                # set_needs scratch: each worker's pairs at its samples' offset
     cdef int32_t[::1] tmp_need               # (and plan(): the owner pushing each pair's row, or EMPTY)
     cdef int64_t[::1] sample_order           # samples by worker, in batch order within a worker
@@ -394,6 +395,7 @@ cdef class ClusterState:
         self.worker_kinds = np.zeros(n_workers * N_KINDS, dtype=np.int64)
         self.worker_bad = np.full(n_workers, -1, dtype=np.int64)
         self.chunk_fill = np.zeros(8 * threads + 1, dtype=np.int64)
+        self.thread_rounds = np.zeros(8 * threads, dtype=np.int64)
         self.n_need = 0
         self.n_pairs = 0
         self.needs_ready = False
@@ -900,7 +902,7 @@ cdef class ClusterState:
                 start = min(start + DIGEST_SPAN, self.runs[2 * r + 1])
                 self.span_ends[2 * n_spans + 1] = start
                 n_spans += 1
-        for b in prange(n_spans, num_threads=self.threads, schedule="static"):
+        for b in prange(n_spans, num_threads=self.threads, schedule="dynamic"):  # spans: a worker's pulls or 8,192
             self.span_hash[b] = self.digest_span(self.span_ends[2 * b], self.span_ends[2 * b + 1])
         for b in range(n_spans):
             h = mix64(h ^ self.span_hash[b])
@@ -1297,15 +1299,18 @@ cdef class ClusterState:
         worker in parallel; then each row's holders, by row in parallel.
         """
         cdef int64_t n
-        cdef int w
+        cdef int w, t
         for w in prange(self.n_workers, num_threads=self.threads, schedule="dynamic"):
             self.update_worker(w)
+        for t in range(self.threads):
+            self.thread_rounds[8 * t] = 0
         for n in prange(self.n_need, num_threads=self.threads, schedule="static"):
             self.settle_row(n)
+            if self.need_trainers[n] >= 2 and self.need_trainers[n] > self.thread_rounds[8 * threadid()]:
+                self.thread_rounds[8 * threadid()] = self.need_trainers[n]
         self.accumulate_rounds = 0
-        for n in range(self.n_need):
-            if self.need_trainers[n] >= 2 and self.need_trainers[n] > self.accumulate_rounds:
-                self.accumulate_rounds = self.need_trainers[n]
+        for t in range(self.threads):
+            self.accumulate_rounds = max(self.accumulate_rounds, <int>self.thread_rounds[8 * t])
 
     cdef void update_worker(self, int w) noexcept nogil:
         """Worker ``w``'s update events. An Accumulate's turn is the count of the row's trainers before
