@@ -38,9 +38,9 @@ them, and its events, state and digest are those of one thread. Workers'
 needs, pulls and updates run one worker per thread, each writing its own
 cache, its own events (a region per worker) and, evicting a row, its own
 holder bit of it (atomically: other workers' bits share the word); rows'
-holders after the update and the plan's pushes run by row. The insert-only needs table takes
-entries by compare-and-swap, so where a row lands in it depends on timing,
-never whether it is there.
+holders after the update and the plan's pushes run by row. The insert-only
+needs table takes entries by compare-and-swap, so where a row lands in it
+depends on timing, never whether it is there.
 
 Memory, per rank: 8 bytes per embedding row per 64 holders (the holder bits),
 14 bytes per cache slot of every worker (4 row + 4 replacement links of 16
@@ -1110,8 +1110,9 @@ cdef class ClusterState:
                 with nogil:
                     for w in prange(self.n_workers, num_threads=self.threads, schedule="dynamic"):
                         self.mark_writes(self.pull_span[2 * w], self.pull_span[2 * w + 1])
-                        self.mark_writes(self.update_base + self.worker_start[w],
-                                         self.update_base + self.worker_start[w + 1])
+                        if self.staleness >= 0:  # else update() marked its writes by row
+                            self.mark_writes(self.update_base + self.worker_start[w],
+                                             self.update_base + self.worker_start[w + 1])
             with nogil:
                 self.digest_events()
         if bad_worker >= 0:
@@ -1297,6 +1298,9 @@ cdef class ClusterState:
 
         One event per pair, at ``update_base`` + the pair's position, by
         worker in parallel; then each row's holders, by row in parallel.
+        With ``annotate`` the rows the update writes to the PS are marked
+        there too, once per row: its Accumulates (trainers >= 2) or, in
+        full-set mode, its push (one per trainer event otherwise).
         """
         cdef int64_t n
         cdef int w, t
@@ -1306,6 +1310,8 @@ cdef class ClusterState:
             self.thread_rounds[8 * t] = 0
         for n in prange(self.n_need, num_threads=self.threads, schedule="static"):
             self.settle_row(n)
+            if self.annotate and self.need_rows[n] >= 0 and (self.full_set or self.need_trainers[n] >= 2):
+                self.mark_written(self.need_rows[n])
             if self.need_trainers[n] >= 2 and self.need_trainers[n] > self.thread_rounds[8 * threadid()]:
                 self.thread_rounds[8 * threadid()] = self.need_trainers[n]
         self.accumulate_rounds = 0
