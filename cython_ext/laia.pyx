@@ -1147,7 +1147,7 @@ cdef void place_blocks(BatchCosts board, int32_t[::1] out, const int64_t[::1] ca
     placements the capacity left it in position order; the others start the
     next round, before the order's next samples (the round's first sample is
     always kept, so every round makes progress). The kept samples then
-    enter the records, each thread writing its own range of rows. Nothing a block reads depends on another block of its
+    enter the records, each thread writing its own share of rows. Nothing a block reads depends on another block of its
     round, so the result depends on ``blocks`` and ``block_size``, never on
     ``threads``; one block is the serial placement, round by round.
     """
@@ -1229,8 +1229,10 @@ cdef void place_blocks(BatchCosts board, int32_t[::1] out, const int64_t[::1] ca
 
 
 cdef inline int lane_of(int64_t u, int lanes, int64_t n_distinct) noexcept nogil:
-    """The thread that writes row ``u``'s record after a round (rows in contiguous ranges)."""
-    return <int>(u * lanes // n_distinct)
+    """The thread that writes row ``u``'s record after a round: rows dealt round-robin. Rows are numbered
+    as the batch first uses them, so its frequent rows come first: contiguous ranges gave the first
+    thread most of the pairs to merge. A record is a line of its own, so neighbours on two threads share none."""
+    return <int>(u % lanes)
 
 
 cdef void merge_rows(BatchCosts board, int t, int blocks, const int64_t* pairs, int64_t pair_stride,
