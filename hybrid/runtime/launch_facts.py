@@ -212,7 +212,10 @@ def prepare(user_threads: int = 0, environ: Optional[MutableMapping[str, str]] =
 
     Sets ``OMPI_MCA_mpi_yield_when_idle=1`` where the ranks do not fit (never
     over a user's setting) and ``OMP_NUM_THREADS`` to the compute threads
-    where unset.
+    where unset. Where the ranks do not fit, OpenMP's idle threads sleep too
+    (``OMP_WAIT_POLICY=PASSIVE``, where unset): spinning between the
+    scheduler's parallel regions, they took the cores the other ranks
+    train on (docs/cluster.md, "How ranks wait").
     """
     environ = os.environ if environ is None else environ
     facts = decide(environ, usable_cores(), user_threads)
@@ -220,6 +223,8 @@ def prepare(user_threads: int = 0, environ: Optional[MutableMapping[str, str]] =
         environ[YIELD_VARIABLE] = "1"
         if of_venv().name == "mpich":
             yield_under_mpich(environ)
+    if facts.yields:
+        environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     environ.setdefault("OMP_NUM_THREADS", str(facts.compute_threads))
     return facts
 

@@ -46,9 +46,15 @@ def test_prepare_sets_what_mpi_and_openmp_read_and_never_overrides_the_user():
     environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "4096"}  # more ranks than any test machine has cores
     facts = prepare(environ=environ)
     assert facts.yields and environ[YIELD_VARIABLE] == "1" and environ["OMP_NUM_THREADS"] == "1"
-    environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "4096", YIELD_VARIABLE: "0", "OMP_NUM_THREADS": "3"}
+    assert environ["OMP_WAIT_POLICY"] == "PASSIVE"  # idle OpenMP threads sleep instead of taking others' cores
+    environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "4096", YIELD_VARIABLE: "0", "OMP_NUM_THREADS": "3",
+               "OMP_WAIT_POLICY": "ACTIVE"}
     prepare(environ=environ)
     assert environ[YIELD_VARIABLE] == "0" and environ["OMP_NUM_THREADS"] == "3"
+    assert environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    environ = {}  # one rank: it fits wherever there are two cores, and OpenMP then waits as it likes
+    facts = prepare(environ=environ)
+    assert ("OMP_WAIT_POLICY" in environ) == facts.yields
 
 
 def test_every_launcher_says_how_many_ranks_share_the_host():
