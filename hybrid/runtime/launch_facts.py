@@ -108,6 +108,11 @@ class LaunchFacts:
     yields: bool
     decided_by: str
 
+    @property
+    def crowded(self) -> bool:
+        """More threads on the host than cores, whatever the user's MPI setting says."""
+        return self.ranks_on_host * self.threads_per_rank > self.cores
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -223,7 +228,7 @@ def prepare(user_threads: int = 0, environ: Optional[MutableMapping[str, str]] =
         environ[YIELD_VARIABLE] = "1"
         if of_venv().name == "mpich":
             yield_under_mpich(environ)
-    if facts.yields:
+    if facts.crowded:
         environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     environ.setdefault("OMP_NUM_THREADS", str(facts.compute_threads))
     return facts

@@ -52,9 +52,11 @@ def test_prepare_sets_what_mpi_and_openmp_read_and_never_overrides_the_user():
     prepare(environ=environ)
     assert environ[YIELD_VARIABLE] == "0" and environ["OMP_NUM_THREADS"] == "3"
     assert environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "4096", YIELD_VARIABLE: "0"}  # MPI spins as asked; OpenMP still sleeps
+    assert not prepare(environ=environ).yields and environ["OMP_WAIT_POLICY"] == "PASSIVE"
     environ = {}  # one rank: it fits wherever there are two cores, and OpenMP then waits as it likes
     facts = prepare(environ=environ)
-    assert ("OMP_WAIT_POLICY" in environ) == facts.yields
+    assert ("OMP_WAIT_POLICY" in environ) == facts.crowded == (facts.threads_per_rank > facts.cores)
 
 
 def test_every_launcher_says_how_many_ranks_share_the_host():
