@@ -105,13 +105,9 @@ class LaunchFacts:
     cores: int
     compute_threads: int
     threads_per_rank: int
+    fits: bool  # every thread on the host has a core (HostShare.fits), whatever the user's MPI setting says
     yields: bool
     decided_by: str
-
-    @property
-    def crowded(self) -> bool:
-        """More threads on the host than cores, whatever the user's MPI setting says."""
-        return self.ranks_on_host * self.threads_per_rank > self.cores
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -191,7 +187,7 @@ def decide(environ: Mapping[str, str], cores: int, user_threads: int = 0, files=
     return LaunchFacts(launcher=launcher(environ), via=environ.get("HYBRID_LAUNCH_VIA") or None,
                        ranks_on_host=ranks, ranks_on_host_from=source, cores=cores,
                        compute_threads=share.compute_threads, threads_per_rank=share.threads_per_rank,
-                       yields=yields, decided_by=why)
+                       fits=share.fits, yields=yields, decided_by=why)
 
 
 def scheduler_threads(configured: int, user_threads: int = 0,
@@ -228,7 +224,7 @@ def prepare(user_threads: int = 0, environ: Optional[MutableMapping[str, str]] =
         environ[YIELD_VARIABLE] = "1"
         if of_venv().name == "mpich":
             yield_under_mpich(environ)
-    if facts.crowded:
+    if not facts.fits:
         environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     environ.setdefault("OMP_NUM_THREADS", str(facts.compute_threads))
     return facts

@@ -56,7 +56,7 @@ def test_prepare_sets_what_mpi_and_openmp_read_and_never_overrides_the_user():
     assert not prepare(environ=environ).yields and environ["OMP_WAIT_POLICY"] == "PASSIVE"
     environ = {}  # one rank: it fits wherever there are two cores, and OpenMP then waits as it likes
     facts = prepare(environ=environ)
-    assert ("OMP_WAIT_POLICY" in environ) == facts.crowded == (facts.threads_per_rank > facts.cores)
+    assert ("OMP_WAIT_POLICY" in environ) == (not facts.fits) == (facts.threads_per_rank > facts.cores)
 
 
 def test_every_launcher_says_how_many_ranks_share_the_host():
