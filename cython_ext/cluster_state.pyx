@@ -241,6 +241,9 @@ cdef class ClusterState:
     cdef int64_t[::1] need_claim             # thread t: next and end of its block of need indices at [8t]
     cdef int64_t[::1] need_rows
     cdef uint64_t[::1] need_masks            # n_need * words, same bit layout as holders
+    cdef uint16_t[::1] need_seen             # thread t: [t * seen_stride + need] the stamp of its last worker using it
+    cdef int64_t seen_stride                 # need records rounded up to whole lines
+    cdef int64_t[::1] seen_stamp             # [8t]: thread t's last stamp (a line each)
     cdef int64_t n_pairs
     cdef int32_t[::1] pair_row               # rows < 2**31, as in the caches
     cdef int16_t[::1] pair_worker             # workers < 2**15
@@ -379,6 +382,7 @@ cdef class ClusterState:
         self.size_needs(min(bits, max(MIN_NEED_BITS, table_bits(4 * threads * NEED_BLOCK))))
         self.epoch = 0
         self.need_claim = np.zeros(8 * threads, dtype=np.int64)  # a cache line per thread
+        self.seen_stamp = np.zeros(8 * threads, dtype=np.int64)
         self.pair_row = np.zeros(max_pairs, dtype=np.int32)
         self.pair_worker = np.zeros(max_pairs, dtype=np.int16)
         self.pair_slot = np.zeros(max_pairs, dtype=np.int32)
@@ -699,6 +703,8 @@ cdef class ClusterState:
             self.need_trainers = np.zeros(needs, dtype=np.int32)
             self.need_pusher = np.full(needs, EMPTY, dtype=np.int32)
             self.need_focus = np.full(needs, EMPTY, dtype=np.int32)
+            self.seen_stride = (needs + 31) // 32 * 32
+            self.need_seen = np.zeros(self.threads * self.seen_stride, dtype=np.uint16)
 
     cdef inline int64_t need_index(self, int64_t row) noexcept nogil:
         """Index of ``row`` among this iteration's needed rows, or -1 (once the needs are set)."""
@@ -726,15 +732,14 @@ cdef class ClusterState:
         """Index of ``row`` among the needs being set; the first thread to see it gives it an index.
 
         A thread claims a free entry by compare-and-swap of its key, takes
-        the next index of its own block, clears the row's need record, then
-        publishes the index; a thread finding the key waits for the index
+        the next index of its own block, records the row, then publishes
+        the index; a thread finding the key waits for the index
         (the claimer is a few instructions away). A thread that needs a new
         block once ``need_limit`` indices are out claims nothing more and
         returns -1 (``need_overflow``): the table is full enough to rebuild.
         """
         cdef int64_t i = fib_home(row, self.need_shift)
         cdef int64_t epoch_bits = (<int64_t>self.epoch) << 32, key = epoch_bits | row, entry, tag, n
-        cdef int k
         while True:
             entry = load_i64(&self.need_table[2 * i])
             if entry == key:
@@ -755,8 +760,6 @@ cdef class ClusterState:
                 n = self.need_claim[8 * thread]
                 self.need_claim[8 * thread] += 1
                 self.need_rows[n] = row
-                for k in range(self.words):
-                    self.need_masks[n * self.words + k] = 0
                 store_i64(&self.need_table[2 * i + 1], epoch_bits | n)
                 return n
             # else another thread took this entry first: look at it again
@@ -946,7 +949,7 @@ cdef class ClusterState:
 
     cdef bint gather_needs(self, const int64_t[:, ::1] rows, const int32_t[::1] alloc):
         """:meth:`set_needs` in the current needs table; False if it filled (nothing else is valid then)."""
-        cdef int64_t i, k, j
+        cdef int64_t i, k
         cdef int w, t
         cdef int focus = self.focus
         self.need_overflow = False
@@ -981,10 +984,8 @@ cdef class ClusterState:
             for t in range(self.threads):  # the indices threads took but did not use: no row
                 for k in range(self.need_claim[8 * t], self.need_claim[8 * t + 1]):
                     self.need_rows[k] = -1
-                    for j in range(self.words):
-                        self.need_masks[k * self.words + j] = 0
-            for k in prange(self.n_need, num_threads=self.threads, schedule="static"):
-                self.need_trainers[k] = self.count_trainers(k)
+            for t in prange(self.threads, num_threads=self.threads, schedule="static"):
+                self.set_trainers(t)
             self.worker_start[0] = 0
             for w in range(self.n_workers):
                 self.worker_start[w + 1] = self.worker_start[w] + self.worker_fill[w]
@@ -998,17 +999,23 @@ cdef class ClusterState:
 
         Two passes over ``w``'s (sample, table) entries, so that each keeps
         its misses in flight: the first finds every entry's need index (the
-        needs table), the second reads the need records. Only ``w``'s thread
-        sets ``w``'s bit of a record, so the first of its samples to use a
-        row finds the bit clear: the order is the batch's, whatever the
-        threads. Returns the rows' count.
+        needs table), the second keeps each row's first use. A row's first
+        use by ``w`` is told by the thread's own stamps, not by the row's
+        worker bits, which the threads of other workers would be writing
+        (:meth:`set_trainers` sets those afterwards): the order is the
+        batch's, whatever the threads. Returns the rows' count.
         """
         cdef int64_t n_tables = rows.shape[1], base = self.sample_start[w] * n_tables, n = 0, k = 0
-        cdef int64_t entries = (self.sample_start[w + 1] - self.sample_start[w]) * n_tables, j, t, i, need
+        cdef int64_t j, t, i, need
         cdef int64_t last = self.sample_start[w + 1]
-        cdef int bit = w + 1
-        cdef uint64_t flag = (<uint64_t>1) << (bit & 63)
         cdef bint focus = w == self.focus
+        cdef uint16_t* seen = &self.need_seen[thread * self.seen_stride]
+        cdef uint16_t stamp
+        if self.seen_stamp[8 * thread] == 0xFFFF:  # every stamp used: start again from clear stamps
+            memset(seen, 0, self.seen_stride * sizeof(uint16_t))
+            self.seen_stamp[8 * thread] = 0
+        self.seen_stamp[8 * thread] += 1
+        stamp = <uint16_t>self.seen_stamp[8 * thread]
         for j in range(self.sample_start[w], last):  # tmp_need[base + k]: entry k's need index
             if j + 4 < last:  # the ids of the fourth sample on, the needs-table entries of the second
                 for t in range(0, n_tables, 8):
@@ -1031,13 +1038,9 @@ cdef class ClusterState:
         for j in range(self.sample_start[w], last):  # compacts in place: pair n lands where entry k >= n was
             i = self.sample_order[j]
             for t in range(n_tables):
-                if k + FAR_AHEAD < entries:
-                    prefetch(&self.need_masks[self.tmp_need[base + k + FAR_AHEAD] * self.words + (bit >> 6)])
                 need = self.tmp_need[base + k]
-                # a plain read tells, and a frequent row's record is then written once per worker, not
-                # once per sample (its cache line stays shared)
-                if not (self.need_masks[need * self.words + (bit >> 6)] & flag):
-                    or_u64_if(&self.need_masks[need * self.words + (bit >> 6)], flag, self.shared)
+                if seen[need] != stamp:
+                    seen[need] = stamp
                     self.tmp_row[base + n] = <int32_t>rows[i, t]
                     self.tmp_need[base + n] = <int32_t>need
                     if focus:
@@ -1048,8 +1051,37 @@ cdef class ClusterState:
                 k += 1
         return n
 
+    cdef void set_trainers(self, int part) noexcept nogil:
+        """The worker bits of need records in part ``part`` of ``threads`` (a range of indices), and their counts.
+
+        Each thread reads every worker's pairs and writes the records of its
+        range only: set from the workers' threads, a frequent row's record
+        passed between the cores once per worker using it (on two threads,
+        its bits took longer than on one). Ranges start at multiples of 8
+        records, so neighbouring ones share no cache line past an edge.
+        """
+        cdef int64_t lo = (self.n_need * part // self.threads) & ~7
+        cdef int64_t hi = self.n_need if part == self.threads - 1 else (self.n_need * (part + 1) // self.threads) & ~7
+        cdef uint64_t span = <uint64_t>(hi - lo)
+        cdef int64_t base, k, need
+        cdef int w, bit
+        cdef uint64_t flag
+        if hi <= lo:
+            return
+        memset(&self.need_masks[lo * self.words], 0, (hi - lo) * self.words * sizeof(uint64_t))
+        for w in range(self.n_workers):
+            base = self.sample_start[w] * self.n_tables
+            bit = w + 1
+            flag = (<uint64_t>1) << (bit & 63)
+            for k in range(self.worker_fill[w]):
+                need = self.tmp_need[base + k]
+                if <uint64_t>(need - lo) < span:
+                    self.need_masks[need * self.words + (bit >> 6)] |= flag
+        for k in range(lo, hi):
+            self.need_trainers[k] = self.count_trainers(k)
+
     cdef int32_t count_trainers(self, int64_t need) noexcept nogil:
-        """Workers needing row ``need``: counted once all bits are set, so no thread counts while others set."""
+        """Workers needing row ``need``."""
         cdef int k
         cdef int32_t count = 0
         for k in range(self.words):
@@ -1723,7 +1755,7 @@ cdef class ClusterState:
                               self.pair_sync.nbytes),
             "needs": (self.need_table.nbytes + self.need_claim.nbytes + self.need_rows.nbytes +
                        self.need_masks.nbytes + self.need_trainers.nbytes + self.need_pusher.nbytes +
-                       self.need_focus.nbytes),
+                       self.need_focus.nbytes + self.need_seen.nbytes + self.seen_stamp.nbytes),
             "pairs": (self.pair_row.nbytes + self.pair_worker.nbytes + self.pair_slot.nbytes +
                        self.pair_need.nbytes + self.pair_source.nbytes + self.pair_source_slot.nbytes +
                        self.tmp_row.nbytes + self.tmp_need.nbytes + self.sample_order.nbytes +

@@ -470,14 +470,15 @@ def test_saved_replacement_fields_keep_their_packed_shape(policy):
 
 def test_need_records_follow_the_rows_a_batch_needs_not_max_pairs():
     # room for 500,000 pairs, but the needs table starts at 2**14 entries (8,192 rows at load 1/2) and its
-    # records (8 B row, 8 B holder word, three 4 B fields) with it, a block of 64 per thread beyond
+    # records (8 B row, 8 B holder word, three 4 B fields, and the thread's 2 B stamp) with it, a block of
+    # 64 per thread beyond; the thread's block claim and last stamp take a line each
     state = ClusterState(n_workers=3, n_rows=100_000, capacity=30_000, full_set=False, max_pairs=500_000)
-    claims, table = 8 * 8, (2 << 14) * 8
-    assert state.memory_parts()["needs"] == claims + table + (8_192 + 64) * 28  # not 500,064 records
+    lines, table = 2 * 64, (2 << 14) * 8
+    assert state.memory_parts()["needs"] == lines + table + (8_192 + 64) * 30  # not 500,064 records
     # 30,000 distinct rows fill it: it grows by 4x, records included, and the batch is trained whole
     rows = np.arange(30_000, dtype=np.int64)[:, None]
     state.set_needs(rows, (np.arange(30_000) % 3).astype(np.int32))
-    assert state.memory_parts()["needs"] == claims + (2 << 16) * 8 + (32_768 + 64) * 28
+    assert state.memory_parts()["needs"] == lines + (2 << 16) * 8 + (32_768 + 64) * 30
     state.train()
     kind, worker, row, _ = state.events()
     pulled = kind == KIND_NAMES.index("pull")
@@ -527,3 +528,22 @@ def test_rows_sharing_a_table_home_and_tag_keep_their_own_slots():
     assert state.slot_of(0, new) == slots[a]
     cache = state.cache_rows(0)
     assert cache[slots[a]] == new and cache[slots[b]] == b
+
+
+def test_a_thread_that_used_every_stamp_starts_again_from_clear_ones():
+    # a thread tells a row's first use by its worker from a 16-bit stamp per (thread, need index), one
+    # stamp per worker it collects: with 1,285 workers, worker 0 of the 52nd batch takes stamp 1 again,
+    # as in the first. Need indices 1..99 were stamped then and never since: unless the stamps were
+    # cleared, worker 0 would take rows 1..99 as already collected and pull row 0 only
+    state = ClusterState(n_workers=1285, n_rows=1_000, capacity=200, full_set=False, max_pairs=1_000)
+    many = np.arange(100, dtype=np.int64)[:, None]
+    on_worker_0 = np.zeros(100, dtype=np.int32)
+    state.set_needs(many, on_worker_0)
+    for _ in range(50):
+        state.set_needs(np.zeros((1, 1), dtype=np.int64), np.zeros(1, dtype=np.int32))
+    state.set_needs(many, on_worker_0)
+    state.train()
+    kind, worker, row, _ = state.events()
+    pulled = kind == KIND_NAMES.index("pull")
+    assert sorted(row[pulled].tolist()) == list(range(100))
+    assert (worker[pulled] == 0).all()
