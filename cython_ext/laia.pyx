@@ -148,13 +148,32 @@ def margin_order(gaps):
     A sample whose rows one worker holds far more of than any other gains
     the most from going there; taken first, it is not pushed elsewhere by a
     worker that filled up with samples that any worker would have served.
-    Margins lie in [-tables, 0]: as int16, NumPy's stable sort is a radix
-    sort, linear in the batch (0.14 against 0.83 ms for int32 at 16,384 samples).
+    Margins lie in [-tables, 0], so a counting sort orders them in two
+    passes over the batch (16,384 samples: NumPy's stable sort of int16,
+    itself a radix sort, took 0.11-0.12 ms, serial on every rank).
     """
-    gaps = np.asarray(gaps)
-    if gaps.size and np.iinfo(np.int16).min <= gaps.min() and gaps.max() <= np.iinfo(np.int16).max:
-        gaps = gaps.astype(np.int16)
-    return np.argsort(gaps, kind="stable").astype(np.int64)  # most negative first
+    cdef const int32_t[::1] g = np.ascontiguousarray(gaps, dtype=np.int32)
+    cdef Py_ssize_t n = g.shape[0], i
+    order_array = np.empty(n, dtype=np.int64)
+    if n == 0:
+        return order_array
+    cdef int64_t[::1] order = order_array
+    cdef int32_t lo = g[0], hi = g[0]
+    for i in range(n):
+        lo = min(lo, g[i])
+        hi = max(hi, g[i])
+    if <int64_t>hi - lo >= n:  # wider than the batch: the counts would cost more than a sort
+        return np.argsort(np.asarray(g), kind="stable").astype(np.int64)
+    cdef int64_t[::1] start = np.zeros(<int64_t>hi - lo + 2, dtype=np.int64)
+    with nogil:
+        for i in range(n):
+            start[g[i] - lo + 1] += 1
+        for i in range(1, start.shape[0]):
+            start[i] += start[i - 1]
+        for i in range(n):  # in batch order: ties keep it
+            order[start[g[i] - lo]] = i
+            start[g[i] - lo] += 1
+    return order_array
 
 
 cdef inline int64_t nth_set_bit(const uint64_t* bits, int64_t n) noexcept nogil:
