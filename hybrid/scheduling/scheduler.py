@@ -11,7 +11,6 @@ and reaches the same plans (docs/design.md section 3: nothing is sent).
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Optional
@@ -19,6 +18,7 @@ from typing import Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from hybrid._ext.cluster_state import KIND_NAMES, ClusterState
+from hybrid._ext.hash_kernels import array_digest
 from hybrid.config import Config, EmbeddingOptimizer
 from hybrid.scheduling.allocation import AllocationPolicy
 from hybrid.scheduling.event_kinds import EXTRA_KINDS
@@ -276,8 +276,7 @@ class Scheduler:
             if self.observe is not None:
                 self.observe("train")
             per_worker = self.state.worker_transmissions()
-            digest = hashlib.sha256(alloc.tobytes())
-            digest.update(int(self.state.event_digest).to_bytes(8, "little"))
+            train_digest = self.state.event_digest
             self._let_the_loop_run()
             trained = self._trained()
             timing["state_update"] = time.perf_counter() - start
@@ -297,7 +296,7 @@ class Scheduler:
             if self.observe is not None:
                 self.observe("plan")
             per_worker += self.state.worker_transmissions()
-            digest.update(int(self.state.event_digest).to_bytes(8, "little"))
+            digest = array_digest(alloc, train_digest, self.state.event_digest)
             shared = shared_rows(rows, alloc, self.state.n_workers) if self.sums_shared_rows else None
             self._let_the_loop_run()
             work = self._work(trained, shared)
@@ -309,7 +308,7 @@ class Scheduler:
                 counts["shared_allreduce"] = len(shared)
             self._next = (step + 1, next_alloc)
             yield BatchPlan(step=step, allocation=alloc, counts=counts, timing=timing,
-                            digest=digest.hexdigest()[:16], work=work, snapshot=self._snapshot(),
+                            digest=f"{digest:016x}", work=work, snapshot=self._snapshot(),
                             per_worker=per_worker, parts=parts)
             if upcoming is None:
                 return

@@ -1,8 +1,8 @@
 """The NumPy and C counter hashes must agree bit for bit (ranks mix both)."""
 import numpy as np
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
-from hybrid._ext.hash_kernels import hash3_array, uniform3_array
+from hybrid._ext.hash_kernels import array_digest, hash3_array, uniform3_array
 from hybrid.counter_hash import hash3, stream_id, uniform3
 
 U64 = st.integers(min_value=0, max_value=2**64 - 1)
@@ -27,3 +27,19 @@ def test_streams_and_seeds_are_independent():
     assert not np.array_equal(hash3(1, stream_id("a"), counters), hash3(1, stream_id("b"), counters))
     assert not np.array_equal(hash3(1, 5, counters), hash3(2, 5, counters))
     assert stream_id("table", 3) == stream_id("table", 3) != stream_id("table", 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=100), st.integers(0, 99), st.integers(0, 7), st.lists(st.integers(0, 2**64 - 1), max_size=3))
+def test_an_array_digest_follows_every_byte_and_word(data, flip, bit, words):
+    # plan digests are compared across ranks every iteration: a change of any byte (the tail's too) or of
+    # any word after it must show, and equal inputs give equal digests
+    array = np.frombuffer(data, dtype=np.uint8)
+    assert array_digest(array, *words) == array_digest(array.copy(), *words)
+    if len(data):
+        changed = array.copy()
+        changed[flip % len(data)] ^= 1 << bit
+        assert array_digest(changed, *words) != array_digest(array, *words)
+    assert array_digest(np.append(array, 0), *words) != array_digest(array, *words)  # the length counts
+    if words:
+        assert array_digest(array, *words[:-1], words[-1] ^ 1) != array_digest(array, *words)
