@@ -77,7 +77,7 @@ class SchedulePolicy:
         return [name for name, used in (
             (sched.laia.value, sched.laia is not LaiaVariant.exact), ("cost", sched.scoring is LaiaScoring.cost),
             ("confident", sched.order is LaiaOrder.confident), (f"swap{sched.swap_rounds}", sched.swap_rounds > 0),
-            ("lookahead", sched.lookahead)) if used]
+            ("lookahead", sched.lookahead), (f"blocks{sched.blocks}x{sched.block_size}", sched.blocks > 1)) if used]
 
     def cluster_state(self, config: Config, *, n_rows: int, capacity: int, max_pairs: int,
                       worker: int | None) -> ClusterState:

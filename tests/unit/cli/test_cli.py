@@ -92,6 +92,9 @@ def test_a_run_is_labelled_by_its_mode_and_the_allocation_settings_that_differ_f
     assert run_label(load_config(None, ["scheduler.mode=herald", "scheduler.scoring=cost", "scheduler.order=confident",
                                         "scheduler.swap_rounds=2", "scheduler.sync=p2p"])) == \
         "herald+cost+confident+swap2+p2p"
+    # blocks place other samples elsewhere (docs/design.md section 4, "Blocks"): their runs are told apart too
+    assert run_label(load_config(None, ["scheduler.mode=herald", "scheduler.scoring=cost", "scheduler.order=confident",
+                                        "scheduler.blocks=16"])) == "herald+cost+confident+blocks16x32"
     assert run_label(load_config(None, ["scheduler.mode=vanilla", "scheduler.order=confident"])) == "vanilla"
 
 
