@@ -62,7 +62,7 @@ from libc.stdint cimport INT64_MAX, int8_t, int16_t, int32_t, int64_t, uint16_t,
 from libc.string cimport memset
 
 from atomics cimport and_u64_if, cas_i64_if, fetch_add_i64, fetch_or_u64, load_i64, or_u64_if, store_i64
-from counter_hash cimport mix64
+from counter_hash cimport chain64, fold4, mix64
 
 cdef extern from *:
     int popcount64 "__builtin_popcountll"(unsigned long long) nogil
@@ -865,26 +865,20 @@ cdef class ClusterState:
         return fields ^ ((more << 17) | (more >> 47))
 
     cdef uint64_t digest_span(self, int64_t first, int64_t last) noexcept nogil:
-        """Hash of events ``[first, last)``: four chains, one per event of every four, so that
-        consecutive events' multiplies overlap instead of waiting on each other."""
+        """Hash of events ``[first, last)``: four chains, one per event of every four (``counter_hash.chain64``)."""
         cdef uint64_t n = <uint64_t>(last - first)
         cdef uint64_t a = n, b = n + 1, c = n + 2, d = n + 3
         cdef int64_t i = first
         while i + 4 <= last:
-            a = (a ^ self.event_word(i)) * GOLDEN
-            b = (b ^ self.event_word(i + 1)) * GOLDEN
-            c = (c ^ self.event_word(i + 2)) * GOLDEN
-            d = (d ^ self.event_word(i + 3)) * GOLDEN
-            a ^= a >> 32
-            b ^= b >> 32
-            c ^= c >> 32
-            d ^= d >> 32
+            a = chain64(a, self.event_word(i))
+            b = chain64(b, self.event_word(i + 1))
+            c = chain64(c, self.event_word(i + 2))
+            d = chain64(d, self.event_word(i + 3))
             i += 4
         while i < last:
-            a = (a ^ self.event_word(i)) * GOLDEN
-            a ^= a >> 32
+            a = chain64(a, self.event_word(i))
             i += 1
-        return mix64(a ^ mix64(b ^ mix64(c ^ mix64(d))))
+        return fold4(a, b, c, d)
 
     cdef void digest_events(self) noexcept nogil:
         """A hash of the recorded events, in order (every rank records them in the same order).

@@ -20,3 +20,15 @@ cdef inline uint64_t hash3(uint64_t seed, uint64_t stream, uint64_t counter) noe
 cdef inline double uniform3(uint64_t seed, uint64_t stream, uint64_t counter) noexcept nogil:
     """Uniform double in [0, 1) from the top 53 bits of hash3."""
     return <double>(hash3(seed, stream, counter) >> 11) * (1.0 / 9007199254740992.0)
+
+# Digests that ranks compare every iteration (the cluster state's events, the plan's allocation): not
+# counter-based and with no NumPy twin. Four chains of one multiply per 64-bit word, folded at the end,
+# so that consecutive words' multiplies overlap instead of waiting on each other.
+cdef inline uint64_t chain64(uint64_t x, uint64_t word) noexcept nogil:
+    """One word into a digest chain."""
+    x = (x ^ word) * <uint64_t>0x9E3779B97F4A7C15ULL
+    return x ^ (x >> 32)
+
+cdef inline uint64_t fold4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) noexcept nogil:
+    """Four chains into one digest."""
+    return mix64(a ^ mix64(b ^ mix64(c ^ mix64(d))))

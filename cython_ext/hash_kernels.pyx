@@ -9,7 +9,7 @@ from cython cimport floating
 from cython.parallel cimport prange
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
-from counter_hash cimport hash3, mix64, uniform3
+from counter_hash cimport chain64, fold4, hash3, mix64, uniform3
 
 
 def hash3_array(uint64_t seed, uint64_t stream, counters):
@@ -59,38 +59,28 @@ def array_digest(data, *words):
     """A 64-bit hash of an array's bytes (C order), then of ``words`` (64-bit), for digests that ranks
     compare every iteration.
 
-    Not cryptographic: it tells ranks whose schedules diverged apart, as
-    the cluster state's event digest does. Four chains of one multiply per
-    8-byte word, so that consecutive words' multiplies overlap: a global
-    batch's allocation (16,384 int32) took 33 us with SHA-256, serial on
-    every rank; this takes 4.
+    Not cryptographic: it tells ranks whose schedules diverged apart, with
+    the chains of the cluster state's event digest (``counter_hash.chain64``).
+    A global batch's allocation (16,384 int32) took 33 us with SHA-256,
+    serial on every rank; this takes 4.
     """
     cdef const unsigned char[::1] b = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     cdef Py_ssize_t n = b.shape[0], i = 0
     cdef uint64_t x0 = <uint64_t>n, x1 = x0 + 1, x2 = x0 + 2, x3 = x0 + 3, w0, w1, w2, w3
-    cdef uint64_t golden = 0x9E3779B97F4A7C15ULL
     with nogil:
         while i + 32 <= n:
             memcpy(&w0, &b[i], 8)
             memcpy(&w1, &b[i + 8], 8)
             memcpy(&w2, &b[i + 16], 8)
             memcpy(&w3, &b[i + 24], 8)
-            x0 = (x0 ^ w0) * golden
-            x1 = (x1 ^ w1) * golden
-            x2 = (x2 ^ w2) * golden
-            x3 = (x3 ^ w3) * golden
-            x0 ^= x0 >> 32
-            x1 ^= x1 >> 32
-            x2 ^= x2 >> 32
-            x3 ^= x3 >> 32
+            x0, x1, x2, x3 = chain64(x0, w0), chain64(x1, w1), chain64(x2, w2), chain64(x3, w3)
             i += 32
         while i < n:  # the last words, the very last zero-padded
             w0 = 0
             memcpy(&w0, &b[i], min(8, n - i))
-            x0 = (x0 ^ w0) * golden
-            x0 ^= x0 >> 32
+            x0 = chain64(x0, w0)
             i += 8
-    x0 = mix64(x0 ^ mix64(x1 ^ mix64(x2 ^ mix64(x3))))
+    x0 = fold4(x0, x1, x2, x3)
     for word in words:
         x0 = mix64(x0 ^ <uint64_t>word)
     return x0
