@@ -1233,10 +1233,7 @@ cdef void place_blocks(BatchCosts board, int32_t[::1] out, const int64_t[::1] ca
                         taken_now[p] = remaining[w] > 0
                         if taken_now[p]:
                             out[now[p]] = <int32_t>w
-                            remaining[w] -= 1
-                            load[w] += added[p]
-                            if remaining[w] == 0:
-                                room[(w + 1) >> 6] &= ~((<uint64_t>1) << ((w + 1) & 63))
+                            take(w, added[p], &remaining[0], &load[0], &room[0])
                         else:
                             pending[n_pending] = now[p]
                             n_pending += 1
@@ -1247,7 +1244,7 @@ cdef void place_blocks(BatchCosts board, int32_t[::1] out, const int64_t[::1] ca
         free(deltas)
 
 
-cdef inline int lane_of(int64_t u, int lanes, int64_t n_distinct) noexcept nogil:
+cdef inline int lane_of(int64_t u, int lanes) noexcept nogil:
     """The thread that writes row ``u``'s record after a round: rows dealt round-robin. Rows are numbered
     as the batch first uses them, so its frequent rows come first: contiguous ranges gave the first
     thread most of the pairs to merge. A record is a line of its own, so neighbours on two threads share none."""
@@ -1302,11 +1299,11 @@ cdef void place_block(BatchCosts board, int b, int blocks, const int64_t* now, i
     for t in range(lanes + 1):  # a counting sort by lane: starts[t + 1] counts, then ends, then starts[t] starts
         starts[t] = 0
     for k in range(n_pairs):
-        starts[lane_of(raw[k] >> 32, lanes, board.n_distinct) + 1] += 1
+        starts[lane_of(raw[k] >> 32, lanes) + 1] += 1
     for t in range(lanes):
         starts[t + 1] += starts[t]
     for k in range(n_pairs):
-        t = lane_of(raw[k] >> 32, lanes, board.n_distinct)
+        t = lane_of(raw[k] >> 32, lanes)
         pairs[starts[t]] = raw[k]
         starts[t] += 1
     for t in range(lanes, 0, -1):
@@ -1323,12 +1320,18 @@ cdef inline int64_t take_cheapest(BatchCosts board, int64_t i, int64_t next_i, u
     cdef int64_t total = board.costs(i, next_i, saving, delta)
     cdef int64_t saved = cheapest(saving, board.n_slices, board.words, room, best)
     cdef int64_t w = least_loaded(best, board.words, load, seed, iteration, i)
+    added[0] = total - saved
+    take(w, added[0], remaining, load, room)
+    return w
+
+
+cdef inline void take(int64_t w, int64_t added, int64_t* remaining, int64_t* load, uint64_t* room) noexcept nogil:
+    """Worker ``w`` takes a sample that adds ``added`` to its load: a slot of ``remaining``, and out of
+    ``room`` once none is left."""
     remaining[w] -= 1
     if remaining[w] == 0:
         room[(w + 1) >> 6] &= ~((<uint64_t>1) << ((w + 1) & 63))
-    added[0] = total - saved
-    load[w] += total - saved
-    return w
+    load[w] += added
 
 
 cdef int64_t cheapest(const uint64_t* saving, int64_t n_slices, int64_t words, const uint64_t* room,
